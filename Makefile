@@ -1,0 +1,57 @@
+# torchrec_ascend: two commands set everything up on a fresh machine.
+#   make demo   venv + pinned CPU stack + csrc build, then the main job
+#   make test   the same set-up, then the whole pytest suite
+# A second run skips what is already installed (stamp files in .venv/).
+
+PYTHON_SYS ?= python3.11
+VENV       ?= .venv
+PY         := $(VENV)/bin/python
+PIP        := $(PY) -m pip
+PIP_FLAGS  := --disable-pip-version-check --progress-bar off
+TORCH_PIN  := torch==2.13.0
+STAMP_DEPS := $(VENV)/.deps-stamp
+STAMP_BUILD:= $(VENV)/.build-stamp
+CSRC       := $(wildcard csrc/*.cpp csrc/*.h)
+PYTEST_ARGS ?=
+
+.PHONY: all setup build demo test test-fast bench clean distclean
+
+all: setup
+
+$(PY):
+	$(PYTHON_SYS) -m venv $(VENV)
+
+# The pinned CPU stack.  torchrec's metadata requires the CUDA `fbgemm-gpu` (which drags another
+# torch): install it --no-deps next to fbgemm-gpu-cpu and torchrec's real dependencies.
+$(STAMP_DEPS): $(PY) requirements.txt Makefile
+	$(PIP) install $(PIP_FLAGS) -q --upgrade pip
+	$(PIP) install $(PIP_FLAGS) -q $(TORCH_PIN)
+	$(PIP) install $(PIP_FLAGS) -q $(TORCH_PIN) -r requirements.txt
+	$(PIP) install $(PIP_FLAGS) -q --no-deps torchrec==1.8.0
+	$(PY) -c "import torch, fbgemm_gpu, torchrec; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $@
+
+# csrc/ -> torchrec_ascend/_C*.so (in place, editable install).  flock: one build at a time.
+$(STAMP_BUILD): $(STAMP_DEPS) $(CSRC) setup.py
+	flock .build.lock $(PIP) install $(PIP_FLAGS) -q --no-build-isolation --no-deps -e .
+	$(PY) -c "import torchrec_ascend.ops.cpu as c; assert c.available(), 'csrc extension did not load'"
+	touch $@
+
+setup: $(STAMP_BUILD)
+
+build: setup
+
+demo: setup
+	$(PY) -m torchrec_ascend.demo
+
+test: setup
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) benchmarks/run_all.py --quick
+
+clean:
+	rm -rf build torchrec_ascend/_C*.so $(STAMP_BUILD) .pytest_cache
+
+distclean: clean
+	rm -rf $(VENV)

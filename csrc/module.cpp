@@ -1,0 +1,7 @@
+// Python module torchrec_ascend._C: binds the kernels of every csrc/<area>.cpp.
+#include "torchrec_ascend.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "torchrec_ascend C++ CPU kernels (OpenMP)";
+  torchrec_ascend::bind_jagged(m);
+}

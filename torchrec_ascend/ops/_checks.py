@@ -1,0 +1,93 @@
+"""Input validation shared by the public op entry points.
+
+Every failure is a ``ValueError`` naming the argument and the rule it broke.  Checks that read
+tensor values (and so would cost a device sync on npu/cuda) only run when the caller passes
+``validate=True`` (the default of the public Python API).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def check_tensor(
+    name: str,
+    t: object,
+    dim: Optional[int] = None,
+    min_dim: Optional[int] = None,
+    dtypes: Optional[Iterable[torch.dtype]] = None,
+) -> torch.Tensor:
+    """Type, rank and dtype of one argument."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if dim is not None and t.dim() != dim:
+        raise ValueError(f"{name}: expected a {dim}-D tensor, got shape {tuple(t.shape)}")
+    if min_dim is not None and t.dim() < min_dim:
+        raise ValueError(f"{name}: expected at least {min_dim} dims, got shape {tuple(t.shape)}")
+    if dtypes is not None:
+        dtypes = tuple(dtypes)
+        if t.dtype not in dtypes:
+            allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+            raise ValueError(f"{name}: dtype {str(t.dtype).replace('torch.', '')} not in ({allowed})")
+    return t
+
+
+def check_same_device(**tensors: torch.Tensor) -> None:
+    """All named tensors live on one device."""
+    items = [(k, v) for k, v in tensors.items() if isinstance(v, torch.Tensor)]
+    if not items:
+        return
+    first_name, first = items[0]
+    for k, v in items[1:]:
+        if v.device != first.device:
+            raise ValueError(
+                f"{k}: on device {v.device}, but {first_name} is on {first.device}; "
+                "all tensors must be on one device"
+            )
+
+
+def check_offsets(name: str, offsets: torch.Tensor, total: Optional[int], validate: bool) -> None:
+    """1-D integer offsets: start at 0, non-decreasing, end at ``total`` (when given)."""
+    check_tensor(name, offsets, dim=1, dtypes=INDEX_DTYPES)
+    if offsets.numel() == 0:
+        raise ValueError(f"{name}: must have at least one element (B + 1 entries, starting at 0)")
+    if not validate:
+        return
+    if int(offsets[0]) != 0:
+        raise ValueError(f"{name}: must start at 0, starts at {int(offsets[0])}")
+    if offsets.numel() > 1:
+        diffs = offsets[1:] - offsets[:-1]
+        if bool((diffs < 0).any()):
+            i = int(torch.nonzero(diffs < 0)[0, 0])
+            raise ValueError(
+                f"{name}: must be non-decreasing, but {name}[{i + 1}]={int(offsets[i + 1])} "
+                f"< {name}[{i}]={int(offsets[i])}"
+            )
+    if total is not None and int(offsets[-1]) > total:
+        raise ValueError(f"{name}: last offset {int(offsets[-1])} exceeds the {total} values")
+
+
+def check_lengths(name: str, lengths: torch.Tensor, total: Optional[int], validate: bool) -> None:
+    """1-D integer lengths: non-negative, summing to ``total`` (when given)."""
+    check_tensor(name, lengths, dim=1, dtypes=INDEX_DTYPES)
+    if not validate:
+        return
+    if lengths.numel() and bool((lengths < 0).any()):
+        i = int(torch.nonzero(lengths < 0)[0, 0])
+        raise ValueError(f"{name}: must be non-negative, {name}[{i}]={int(lengths[i])}")
+    if total is not None and int(lengths.sum()) != total:
+        raise ValueError(f"{name}: sums to {int(lengths.sum())}, but there are {total} values")
+
+
+def check_max_lengths(name: str, max_lengths: Sequence[int], n: int) -> None:
+    """One non-negative int per jagged dimension."""
+    if len(max_lengths) != n:
+        raise ValueError(f"{name}: expected {n} entries (one per jagged dim), got {len(max_lengths)}")
+    for i, m in enumerate(max_lengths):
+        if int(m) < 0:
+            raise ValueError(f"{name}[{i}]: must be >= 0, got {m}")
