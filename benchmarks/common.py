@@ -1,0 +1,114 @@
+"""Shared benchmark plumbing: machine info, timing, the CPU fp32 GEMM rate, JSON + table output.
+
+Every benchmark prints a table and writes ``benchmarks/results/<name>.json`` holding its rows and
+:func:`machine_info`.  Ratios are always measured side by side, in one run, on the same inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def machine_info() -> Dict[str, object]:
+    """What ran the benchmark: CPU, threads, torch version, device."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def timeit(fn: Callable[[], object], warmup: int = 2, repeat: int = 5,
+           sync: Optional[Callable[[], None]] = None) -> float:
+    """Median wall time of ``fn()`` in milliseconds."""
+    for _ in range(warmup):
+        fn()
+    if sync:
+        sync()
+    times: List[float] = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def gemm_gflops(n: int = 2048, repeat: int = 3, dtype: torch.dtype = torch.float32,
+                device: str = "cpu") -> float:
+    """This machine's fp32 GEMM rate (GFLOP/s) from ``torch.mm`` n x n: the CPU "peak"."""
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else None
+    ms = timeit(lambda: torch.mm(a, b), warmup=1, repeat=repeat, sync=sync)
+    return 2.0 * n ** 3 / (ms * 1e-3) / 1e9
+
+
+def print_table(rows: Sequence[Dict[str, object]], columns: Optional[Sequence[str]] = None) -> None:
+    """Print rows (dicts) as an aligned text table."""
+    if not rows:
+        print("(no rows)")
+        return
+    columns = list(columns or rows[0].keys())
+
+    def fmt(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v)
+
+    cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    print("  ".join("-" * w for w in widths))
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+
+
+def write_json(name: str, payload: Dict[str, object]) -> str:
+    """Write ``benchmarks/results/<name>.json`` (with machine info) atomically; return its path."""
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    path = os.path.join(RESULTS_DIR, f"{name}.json")
+    doc = {"benchmark": name, "machine": machine_info(), **payload}
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=2)
+    os.replace(tmp, path)
+    return path
+
+
+def heavy_tailed_lengths(batch: int, max_len: int, mean_frac: float = 0.25,
+                         generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """KuaiRand-like sequence lengths: log-normal-ish long tail, mean about ``mean_frac * max_len``,
+    clipped to [1, max_len] with at least one sequence at ``max_len``."""
+    g = generator or torch.Generator().manual_seed(0)
+    # lognormal with sigma 1: mean = exp(mu + 0.5)
+    sigma = 1.0
+    mu = torch.log(torch.tensor(mean_frac * max_len)) - 0.5 * sigma ** 2
+    x = torch.exp(mu + sigma * torch.randn(batch, generator=g))
+    lengths = x.round().clamp(1, max_len).to(torch.int64)
+    if batch:
+        lengths[int(torch.randint(batch, (1,), generator=g))] = max_len
+    return lengths
