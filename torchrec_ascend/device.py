@@ -24,6 +24,7 @@ __all__ = [
     "KNOWN_DEVICE_TYPES",
     "torch_npu_available",
     "npu_available",
+    "is_available",
     "device_type",
     "default_device",
     "device_module",
@@ -61,6 +62,17 @@ def npu_available() -> bool:
     return bool(npu is not None and npu.is_available() and npu.device_count() > 0)
 
 
+def is_available(kind: str) -> bool:
+    """Whether a device of type ``kind`` (npu, cuda, cpu) is usable in this process."""
+    if kind == "npu":
+        return npu_available()
+    if kind == "cuda":
+        return torch.cuda.is_available()
+    if kind == "cpu":
+        return True
+    raise ValueError(f"kind={kind!r}: must be one of {', '.join(KNOWN_DEVICE_TYPES)}")
+
+
 def _detect() -> str:
     if npu_available():
         return "npu"
@@ -86,7 +98,13 @@ def default_device(local_rank: int = 0) -> torch.device:
     kind = device_type()
     if kind == "cpu":
         return torch.device("cpu")
-    return torch.device(kind, local_rank)
+    try:
+        return torch.device(kind, local_rank)
+    except RuntimeError as exc:
+        raise ValueError(
+            f"device {kind!r} selected (by {ENV_DEVICE} or detection) but torch knows no such "
+            f"device type: import torch_npu (or enable the simulated npu) first ({exc})"
+        ) from None
 
 
 def _as_type(device: DeviceLike) -> str:

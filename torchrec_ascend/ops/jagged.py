@@ -35,7 +35,8 @@ def _j2d_setup(ctx, inputs, output):
 
 
 def _j2d_backward(ctx, grad):
-    return _ops.jagged_to_padded_dense_backward(grad, ctx.offsets, ctx.total_L), None, None, None
+    grad_values = _ops.jagged_to_padded_dense_backward(grad, ctx.offsets, ctx.total_L)
+    return grad_values, [None] * len(ctx.offsets), None, None
 
 
 def _j2d_bwd_fake(grad_output, offsets, total_L):
@@ -55,7 +56,8 @@ def _d2j_setup(ctx, inputs, output):
 
 
 def _d2j_backward(ctx, grad):
-    return _ops.jagged_to_padded_dense_forward(grad, ctx.offsets, [ctx.max_len], 0.0), None, None
+    grad_dense = _ops.jagged_to_padded_dense_forward(grad, ctx.offsets, [ctx.max_len], 0.0)
+    return grad_dense, [None] * len(ctx.offsets), None
 
 
 register(OpSpec(

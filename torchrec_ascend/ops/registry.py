@@ -159,7 +159,9 @@ def triton_usable(device: str) -> bool:
     if device == "cpu":
         return os.environ.get("TRITON_INTERPRET", "") == "1"
     if device == "cuda":
-        return torch.cuda.is_available()
+        from .. import device as _device
+
+        return _device.is_available("cuda")
     if device == "npu":
         # triton-ascend ships the top-level ``triton`` package with an "npu" backend
         try:
@@ -360,6 +362,22 @@ def _device_kernel(name: str, device: str) -> Impl:
     return kernel
 
 
+def _fit_backward(backward: Callable) -> Callable:
+    """Trim the backward's per-input gradients to the inputs the op was really called with: the
+    dispatcher drops trailing arguments equal to their defaults before autograd sees them."""
+
+    def fitted(ctx, *grads):
+        out = backward(ctx, *grads)
+        out = out if isinstance(out, tuple) else (out,)
+        n = len(ctx.needs_input_grad)
+        if any(g is not None and not isinstance(g, list) for g in out[n:]):
+            raise RuntimeError("backward returned a gradient for a defaulted argument")
+        return out[:n]
+
+    fitted.__name__ = getattr(backward, "__name__", "backward")
+    return fitted
+
+
 def _lib(ns: str, kind: str) -> torch.library.Library:
     lib = torch.library.Library(ns, kind)
     _LIBS.append(lib)
@@ -400,7 +418,8 @@ def register(s: OpSpec) -> OpSpec:
         torch.library.register_fake(f"{_NS}::{s.name}", s.fake, lib=_OWN_LIB)
         if s.backward is not None:
             torch.library.register_autograd(
-                f"{_NS}::{s.name}", s.backward, setup_context=s.setup_context, lib=_OWN_LIB
+                f"{_NS}::{s.name}", _fit_backward(s.backward), setup_context=s.setup_context,
+                lib=_OWN_LIB,
             )
 
         if not s.fbgemm:
@@ -417,7 +436,8 @@ def register(s: OpSpec) -> OpSpec:
             torch.library.register_fake(fb_q, s.fake, lib=_FBGEMM_DEF_LIB)
             if s.backward is not None:
                 torch.library.register_autograd(
-                    fb_q, s.backward, setup_context=s.setup_context, lib=_FBGEMM_DEF_LIB
+                    fb_q, _fit_backward(s.backward), setup_context=s.setup_context,
+                    lib=_FBGEMM_DEF_LIB,
                 )
         elif "PrivateUse1" not in native and not s.decomposes_in_fbgemm:
             if _FBGEMM_IMPL_LIB is None:

@@ -1,0 +1,237 @@
+"""The op registry: backend choice per device, forcing, describe(), dispatcher state."""
+
+import io
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torchrec_ascend.ops as ops
+from torchrec_ascend.ops import registry
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _fbgemm_ops():
+    return [s for s in registry.all_specs() if s.fbgemm]
+
+
+def test_every_op_has_kernels_for_every_device_key():
+    assert registry.all_specs(), "no op registered"
+    for s in registry.all_specs():
+        q = f"torchrec_ascend::{s.name}"
+        for key in ("CPU", "CUDA", "PrivateUse1", "Meta"):
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(q, key), (q, key)
+
+
+def test_fbgemm_ops_have_privateuse1_kernels_after_import():
+    names = [s.name for s in _fbgemm_ops() if not s.decomposes_in_fbgemm]
+    assert names
+    for name in names:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"fbgemm::{name}", "PrivateUse1"), name
+
+
+def test_fbgemm_keeps_its_own_cpu_kernels_by_default():
+    # importing torchrec_ascend must not replace fbgemm's CPU kernels
+    for s in _fbgemm_ops():
+        if "CPU" in registry._NATIVE_KEYS.get(s.name, ()):
+            assert registry.choose(s.name, "cpu")[0] == "fbgemm"
+
+
+def test_default_order_per_device():
+    # cpu: fbgemm where it has a kernel, else the csrc kernel, else the reference
+    for s in registry.all_specs():
+        backend, why = registry.choose(s.name, "cpu")
+        names = [b for b, _ in registry.available_backends(s.name, "cpu")]
+        assert backend == names[0]
+        assert names[-1] == "reference"
+        order = [registry.BACKENDS.index(b) for b in names]
+        assert order == sorted(order), names
+        # npu on this machine: no fbgemm-ascend, no triton-ascend -> reference
+        assert registry.choose(s.name, "npu")[0] in ("reference", "triton", "fbgemm_ascend")
+        assert why
+
+
+def test_cpu_kernel_is_preferred_over_reference_when_fbgemm_is_replaced():
+    name = "jagged_to_padded_dense_forward"
+    with ops.use_backend("reference", ops=["asynchronous_complete_cumsum"], replace_fbgemm=True):
+        # a force on another op does not change this op's choice
+        assert registry.choose(name, "cpu")[0] == "fbgemm"
+    with ops.use_backend("cpu_kernel", ops=[name], replace_fbgemm=True):
+        assert registry.choose(name, "cpu") == ("cpu_kernel", "forced by use_backend()")
+
+
+def test_use_backend_nesting_and_restore():
+    name = "jagged_to_padded_dense_forward"
+    before = registry.choose(name, "cpu")
+    with ops.use_backend("reference"):
+        assert registry.choose(name, "cpu")[0] == "reference"
+        with ops.use_backend("cpu_kernel", ops=[name]):
+            assert registry.choose(name, "cpu")[0] == "cpu_kernel"
+        assert registry.choose(name, "cpu")[0] == "reference"
+    assert registry.choose(name, "cpu") == before
+
+
+def test_use_backend_strict_when_ops_named():
+    with ops.use_backend("triton", ops=["asynchronous_inclusive_cumsum"]):
+        with pytest.raises(RuntimeError, match="forces backend 'triton'"):
+            registry.choose("asynchronous_inclusive_cumsum", "cpu")
+
+
+def test_use_backend_lenient_for_all_ops():
+    with ops.use_backend("cpu_kernel"):
+        backend, why = registry.choose("asynchronous_inclusive_cumsum", "cpu")
+        assert backend == "fbgemm" and "unavailable" in why
+
+
+def test_use_backend_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="backend='nope'"):
+        with ops.use_backend("nope"):
+            pass
+    with pytest.raises(ValueError, match="ops: unknown op"):
+        with ops.use_backend("reference", ops=["not_an_op"]):
+            pass
+    with pytest.raises(ValueError, match="device='tpu'"):
+        with ops.use_backend("reference", device="tpu"):
+            pass
+    with pytest.raises(ValueError, match="replace_fbgemm"):
+        with ops.use_backend("fbgemm", replace_fbgemm=True):
+            pass
+
+
+def test_env_var_forcing(monkeypatch):
+    name = "jagged_to_padded_dense_forward"
+    monkeypatch.setenv(registry.ENV_BACKEND, "reference")
+    assert registry.choose(name, "cpu")[0] == "reference"
+    monkeypatch.setenv(registry.ENV_BACKEND, f"{name}=cpu_kernel")
+    assert registry.choose(name, "cpu")[0] == "cpu_kernel"
+    assert registry.choose("asynchronous_complete_cumsum", "cpu")[0] == "fbgemm"
+    monkeypatch.setenv(registry.ENV_BACKEND, "bogus")
+    with pytest.raises(ValueError, match="bogus"):
+        registry.choose(name, "cpu")
+
+
+def test_replace_fbgemm_routes_torchrec_calls_through_ours(monkeypatch):
+    """With replace_fbgemm, torch.ops.fbgemm.<op> on CPU runs our implementation; afterwards
+    fbgemm's own kernel is back."""
+    calls = []
+    s = registry.spec("jagged_to_padded_dense_forward")
+    real = s.reference
+
+    def spy(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(s, "reference", spy)
+    values = torch.randn(7, 3)
+    offsets = torch.tensor([0, 0, 1, 7])
+    want = torch.ops.fbgemm.jagged_to_padded_dense(values, [offsets], [4])
+    assert not calls
+    with ops.use_backend("reference", replace_fbgemm=True):
+        got = torch.ops.fbgemm.jagged_to_padded_dense(values, [offsets], [4])
+    assert len(calls) == 1
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.ops.fbgemm.jagged_to_padded_dense(values, [offsets], [4])
+    assert len(calls) == 1, "fbgemm's kernel was not restored"
+
+
+def test_describe_prints_every_op_and_device():
+    buf = io.StringIO()
+    rows = ops.describe(file=buf)
+    text = buf.getvalue()
+    assert len(rows) == len(registry.all_specs()) * len(registry.DEVICES)
+    for s in registry.all_specs():
+        assert s.name in text
+    for row in rows:
+        assert row[1] in registry.DEVICES and row[2] in registry.BACKENDS and row[3]
+
+
+def test_register_rejects_duplicates_and_half_autograd():
+    s = registry.spec("asynchronous_complete_cumsum")
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register(s)
+    bad = registry.OpSpec(name="_half_autograd_probe", schema="(Tensor x) -> Tensor",
+                          reference=lambda x: x, fake=lambda x: x, backward=lambda c, g: g)
+    with pytest.raises(ValueError, match="both backward and setup_context"):
+        registry.register(bad)
+
+
+_BLOCKER = textwrap.dedent(
+    """
+    import sys, importlib.abc
+    class _Block(importlib.abc.MetaPathFinder):
+        def __init__(self, names): self.names = names
+        def find_spec(self, name, path=None, target=None):
+            if any(name == n or name.startswith(n + '.') for n in self.names):
+                raise ImportError(f'blocked for the test: {name}')
+            return None
+    sys.meta_path.insert(0, _Block(set(sys.argv[1].split(','))))
+    """
+)
+
+
+def _run_blocked(blocked: str, body: str) -> subprocess.CompletedProcess:
+    code = _BLOCKER + textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", code, blocked], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_ops_import_with_torch_alone():
+    """No fbgemm_gpu, no torchrec: torchrec_ascend.ops imports, defines the fbgemm:: schemas
+    itself, and the ops run (and differentiate) through them."""
+    r = _run_blocked("fbgemm_gpu,torchrec,fbgemm_ascend", """
+        import torch, torchrec_ascend.ops as ops
+        from torchrec_ascend.ops import registry
+        assert 'fbgemm_gpu' not in sys.modules and 'torchrec' not in sys.modules
+        rows = ops.describe()
+        assert all(r[2] != 'fbgemm' for r in rows), rows
+        v = torch.randn(5, 2, requires_grad=True)
+        off = torch.tensor([0, 2, 5])
+        d = torch.ops.fbgemm.jagged_to_padded_dense_forward(v, [off], [3], 0.0)
+        d.sum().backward()
+        assert d.shape == (2, 3, 2) and v.grad.eq(1).all()
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(
+            'fbgemm::jagged_to_padded_dense_forward', 'PrivateUse1')
+        print('OK')
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "OK" in r.stdout
+    assert "jagged_to_padded_dense_forward" in r.stdout
+
+
+def test_missing_extension_warns_once_and_falls_back():
+    r = _run_blocked("torchrec_ascend._C", """
+        import warnings
+        warnings.simplefilter('always')
+        import torch
+        with warnings.catch_warnings(record=True) as w:
+            import torchrec_ascend.ops as ops
+            from torchrec_ascend.ops import registry
+            b1 = registry.choose('jagged_to_padded_dense_forward', 'cpu')
+            with ops.use_backend('cpu_kernel'):
+                b2 = registry.choose('jagged_to_padded_dense_forward', 'cpu')
+        msgs = [str(x.message) for x in w if 'C++ CPU kernels unavailable' in str(x.message)]
+        assert len(msgs) == 1, msgs
+        assert '\\n' not in msgs[0]
+        assert b2[0] != 'cpu_kernel', b2
+        print('OK', b1[0], b2[0])
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "OK fbgemm fbgemm" in r.stdout
+
+
+def test_missing_extension_falls_back_to_reference(monkeypatch):
+    from torchrec_ascend.ops import cpu
+
+    monkeypatch.setattr(cpu, "_TRIED", True)
+    monkeypatch.setattr(cpu, "_EXT", None)
+    names = [b for b, _ in registry.available_backends("jagged_to_padded_dense_forward", "cpu")]
+    assert "cpu_kernel" not in names and names[-1] == "reference"
+    v = torch.randn(4, 3)
+    off = torch.tensor([0, 1, 4])
+    with ops.use_backend("cpu_kernel"):
+        out = ops.jagged_to_padded_dense(v, off, 3)
+    torch.testing.assert_close(out, torch.ops.fbgemm.jagged_to_padded_dense(v, [off], [3]))
