@@ -1,0 +1,180 @@
+"""Half-precision rows for the negative logits: storage format on CPU, fast path on npu/cuda.
+
+:func:`quantize_rows` turns an fp32 ``[n, D]`` matrix into fp16/bf16 rows plus an optional
+per-row **power-of-two** scale.  fp16 has a narrow range (max 65504, smallest normal 6.1e-5);
+when a matrix's row maxima leave that range (large unnormalised embeddings, or tiny gradients of
+a mean-reduced loss over 16k tokens) every row is scaled so its max magnitude lies in [0.5, 1).
+Power-of-two scales multiply exactly, so scaling adds no rounding error of its own.  bf16 has
+fp32's range and never needs a scale.
+
+:func:`half_logits` computes ``a @ b.T`` from such rows with fp32 accumulation and fp32 output.
+Where half-precision GEMM is fast (npu, cuda) it runs in half precision; on CPU half-precision
+GEMM is ~100x slower than fp32 (see DESIGN.md), so the half rows are widened to fp32 and
+multiplied in fp32: the *numerics* of the rows (what was rounded) are identical, only the
+arithmetic unit differs.  :class:`HalfLogits` is the autograd function the loss uses: forward
+and backward GEMMs both take half-precision operands, gradients w.r.t. the fp32 inputs are
+returned in fp32 (the rounding is treated as identity, i.e. a straight-through estimator).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
+
+import torch
+
+from .. import device as _device
+
+__all__ = [
+    "HALF_DTYPES",
+    "QuantizedRows",
+    "resolve_half_dtype",
+    "half_gemm_is_fast",
+    "quantize_rows",
+    "half_mm",
+    "HalfLogits",
+    "half_logits",
+]
+
+HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+# fp16 range with head-room: rows whose max magnitude is outside [2^-10, 2^12] get scaled.
+_FP16_SAFE_LO = 2.0 ** -10
+_FP16_SAFE_HI = 2.0 ** 12
+
+
+def resolve_half_dtype(half_precision: Union[str, torch.dtype, None]) -> Optional[torch.dtype]:
+    """``"fp16"`` / ``"bf16"`` / a torch dtype / ``None`` -> dtype or None; anything else is an error."""
+    if half_precision is None:
+        return None
+    if isinstance(half_precision, torch.dtype):
+        if half_precision not in HALF_DTYPES.values():
+            raise ValueError(f"half_precision: dtype {half_precision} is not float16 or bfloat16")
+        return half_precision
+    if half_precision not in HALF_DTYPES:
+        raise ValueError(f"half_precision: expected 'fp16', 'bf16' or None, got {half_precision!r}")
+    return HALF_DTYPES[half_precision]
+
+
+def half_gemm_is_fast(device: Union[str, torch.device]) -> bool:
+    """Whether half-precision GEMM is the fast path on ``device`` (npu/cuda yes, cpu no)."""
+    return _device.has_streams(device)
+
+
+@dataclass
+class QuantizedRows:
+    """``data`` (fp16/bf16 ``[n, D]``) times ``scale`` (fp32 ``[n]``, power of two, or None)."""
+
+    data: torch.Tensor
+    scale: Optional[torch.Tensor]
+
+    def dequantize(self) -> torch.Tensor:
+        """The fp32 matrix these rows represent."""
+        x = self.data.float()
+        return x if self.scale is None else x * self.scale[:, None]
+
+    def nbytes(self) -> int:
+        """Bytes held (data + scales)."""
+        n = self.data.numel() * self.data.element_size()
+        return n + (0 if self.scale is None else self.scale.numel() * 4)
+
+
+def quantize_rows(x: torch.Tensor, dtype: torch.dtype,
+                  per_row_scale: Union[bool, str] = "auto") -> QuantizedRows:
+    """Round fp32 rows ``x [n, D]`` to ``dtype`` with an optional per-row power-of-two scale.
+
+    Args:
+        x: ``[n, D]`` floating tensor (only the rows to be used: callers drop padding first).
+        dtype: ``torch.float16`` or ``torch.bfloat16``.
+        per_row_scale: ``True`` always scale, ``False`` never, ``"auto"`` scale (all rows) when
+            the fp16 range demands it, i.e. some row's max magnitude is outside
+            ``[2^-10, 2^12]``; bf16 never needs it under ``"auto"``.
+    """
+    if x.dim() != 2:
+        raise ValueError(f"x: expected a 2-D tensor [n, D], got shape {tuple(x.shape)}")
+    if dtype not in HALF_DTYPES.values():
+        raise ValueError(f"dtype: expected torch.float16 or torch.bfloat16, got {dtype}")
+    if per_row_scale not in (True, False, "auto"):
+        raise ValueError(f"per_row_scale: expected True, False or 'auto', got {per_row_scale!r}")
+    x = x.detach()
+    if per_row_scale == "auto":
+        if dtype == torch.bfloat16 or x.numel() == 0:
+            per_row_scale = False
+        else:
+            amax = x.abs().amax(dim=1)
+            nz = amax[amax > 0]
+            per_row_scale = bool(nz.numel()) and bool(
+                (nz.min() < _FP16_SAFE_LO) | (nz.max() > _FP16_SAFE_HI))
+    if not per_row_scale:
+        return QuantizedRows(x.to(dtype), None)
+    amax = x.abs().amax(dim=1).float()
+    # 2^e with amax / 2^e in [0.5, 1): frexp's exponent; zero rows keep scale 1.
+    _, e = torch.frexp(torch.where(amax > 0, amax, torch.ones_like(amax)))
+    scale = torch.ldexp(torch.ones_like(amax), e.to(torch.float32))
+    return QuantizedRows((x.float() / scale[:, None]).to(dtype), scale)
+
+
+def half_mm(a: QuantizedRows, b: QuantizedRows, transpose_b: bool = True) -> torch.Tensor:
+    """fp32 ``A @ B.T`` (or ``A @ B``) of quantized rows: half operands, fp32 accumulation.
+
+    Scales are applied to the fp32 product (row scale of ``a`` on rows; for ``transpose_b`` the
+    row scale of ``b`` on columns, else ``b`` must be unscaled).
+    """
+    bd = b.data.t() if transpose_b else b.data
+    if not transpose_b and b.scale is not None:
+        raise ValueError("b: a row-scaled right operand needs transpose_b=True")
+    if half_gemm_is_fast(a.data.device):
+        try:
+            out = torch.mm(a.data, bd, out_dtype=torch.float32)
+        except (RuntimeError, TypeError, NotImplementedError):
+            # no fp32-output half GEMM on this backend: half output, still fp32-accumulated
+            out = torch.mm(a.data, bd).float()
+    else:
+        out = torch.mm(a.data.float(), bd.float())
+    if a.scale is not None:
+        out = out * a.scale[:, None]
+    if transpose_b and b.scale is not None:
+        out = out * b.scale[None, :]
+    return out
+
+
+class HalfLogits(torch.autograd.Function):
+    """``q @ n.T`` in half precision with fp32 accumulation; fp32 gradients for fp32 inputs."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, n: torch.Tensor, dtype: torch.dtype,
+                per_row_scale: Union[bool, str]) -> torch.Tensor:
+        qq = quantize_rows(q, dtype, per_row_scale)
+        nq = quantize_rows(n, dtype, per_row_scale)
+        ctx.dtype, ctx.per_row_scale = dtype, per_row_scale
+        ctx.q_dtype, ctx.n_dtype = q.dtype, n.dtype
+        # saved for backward in half precision: the memory this path saves
+        ctx.save_for_backward(qq.data, nq.data,
+                              *(s if s is not None else torch.empty(0) for s in (qq.scale, nq.scale)))
+        ctx.has_scale = (qq.scale is not None, nq.scale is not None)
+        return half_mm(qq, nq)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
+        qd, nd, qs, ns = ctx.saved_tensors
+        qq = QuantizedRows(qd, qs if ctx.has_scale[0] else None)
+        nq = QuantizedRows(nd, ns if ctx.has_scale[1] else None)
+        grad = grad.float()
+        gq_out = gn_out = None
+        if ctx.needs_input_grad[0]:
+            # dQ = G @ N_deq = (G * sn) @ Nd: fold n's column scales into G, then quantize G rows
+            g = grad if nq.scale is None else grad * nq.scale[None, :]
+            gq = quantize_rows(g, ctx.dtype, ctx.per_row_scale)
+            gq_out = half_mm(gq, QuantizedRows(nq.data, None), transpose_b=False).to(ctx.q_dtype)
+        if ctx.needs_input_grad[1]:
+            # dN = G.T @ Q_deq = (G.T * sq) @ Qd
+            gt = grad.t() if qq.scale is None else grad.t() * qq.scale[None, :]
+            gtq = quantize_rows(gt.contiguous(), ctx.dtype, ctx.per_row_scale)
+            gn_out = half_mm(gtq, QuantizedRows(qq.data, None), transpose_b=False).to(ctx.n_dtype)
+        return gq_out, gn_out, None, None
+
+
+def half_logits(q: torch.Tensor, n: torch.Tensor, dtype: torch.dtype,
+                per_row_scale: Union[bool, str] = "auto") -> torch.Tensor:
+    """fp32 logits ``q [T, D] @ n [R, D].T`` from half-precision operands (autograd-aware)."""
+    return HalfLogits.apply(q, n, dtype, per_row_scale)
