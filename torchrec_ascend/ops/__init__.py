@@ -14,6 +14,7 @@ from .registry import BACKENDS, DEVICES, describe, describe_rows, use_backend
 # op modules: importing one registers its ops (order = order in describe())
 from . import sparse  # noqa: E402
 from . import jagged  # noqa: E402
+from . import hstu  # noqa: E402  (fused HSTU attention: hstu_mha)
 from .sparse import (  # noqa: E402
     asynchronous_complete_cumsum,
     asynchronous_exclusive_cumsum,

@@ -1,0 +1,220 @@
+"""torchrec_ascend::hstu_mha (fused jagged HSTU attention): every backend against an independent
+float64 per-sequence oracle, forward and backward (q, k, v and both bias tables)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchrec_ascend.ops as ops
+from torchrec_ascend.ops import cpu, registry
+from torchrec_ascend.ops.hstu import hstu_mha
+
+
+# --------------------------------------------------------------------------- oracle
+
+
+def _allowed(i: int, j: int, n: int, nt: int, c: int) -> bool:
+    """The mask, written out in words (not Meta's id arithmetic)."""
+    if i == j or j < c:                # self; contextual tokens are visible to everyone
+        return True
+    history_end = n - nt               # tokens [history_end, n) are targets
+    if i < c or i >= history_end:      # contextual rows and targets see the whole history
+        return j < history_end
+    return j < i                       # causal
+
+
+def _bucket(dt: int, nb: int) -> int:
+    return min(max(int(math.floor(math.log(max(abs(dt), 1)) / 0.301)), 0), nb)
+
+
+def oracle(q, k, v, offsets, alpha, max_seq_len, by_len, num_targets, c, pos_w, ts_w, ts):
+    """float64, one sequence at a time, Python loops for mask and bias."""
+    q, k, v = q.double(), k.double(), v.double()
+    pos_w = pos_w.double() if pos_w is not None else None
+    ts_w = ts_w.double() if ts_w is not None else None
+    outs = []
+    for b in range(offsets.numel() - 1):
+        s0, s1 = int(offsets[b]), int(offsets[b + 1])
+        n = s1 - s0
+        nt = int(num_targets[b]) if num_targets is not None else 0
+        if n == 0:
+            continue
+        bias = torch.zeros(n, n, dtype=torch.float64)
+        mask = torch.zeros(n, n, dtype=torch.float64)
+        terms = []
+        for i in range(n):
+            row = []
+            for j in range(n):
+                mask[i, j] = float(_allowed(i, j, n, nt, c))
+                t = 0.0
+                if pos_w is not None:
+                    t = t + pos_w[max_seq_len - 1 + j - i]
+                if ts_w is not None:
+                    dt = int(ts[s0 + min(i + 1, n - 1)]) - int(ts[s0 + j])
+                    t = t + ts_w[_bucket(dt, ts_w.numel() - 1)]
+                row.append(t if isinstance(t, torch.Tensor) else torch.tensor(t, dtype=torch.float64))
+            terms.append(torch.stack(row))
+        bias = torch.stack(terms)  # [n, n], differentiable w.r.t. the tables
+        norm = n if by_len else max_seq_len
+        s = alpha * torch.einsum("ihd,jhd->hij", q[s0:s1], k[s0:s1]) + bias
+        p = F.silu(s) / norm * mask
+        outs.append(torch.einsum("hij,jhd->ihd", p, v[s0:s1]))
+    if not outs:
+        return q.new_zeros((0, q.shape[1], v.shape[2])) + 0 * q.sum()
+    return torch.cat(outs)
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _case(lengths, H=2, dqk=8, dv=6, max_seq_len=None, targets=False, c=0, pos=True, time=True,
+          dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor(lengths, dtype=torch.int64)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    T = int(offsets[-1])
+    max_seq_len = max_seq_len or max(int(lengths.max()), 1)
+    mk = lambda *s: (torch.randn(*s, generator=g) * 0.5).to(dtype)
+    args = dict(
+        q=mk(T, H, dqk), k=mk(T, H, dqk), v=mk(T, H, dv), offsets=offsets,
+        max_seq_len=max_seq_len, alpha=0.7,
+        num_targets=(torch.minimum(torch.randint(0, 4, (len(lengths),), generator=g),
+                                   (lengths - c).clamp(min=0)) if targets else None),
+        contextual_seq_len=c,
+        pos_w=mk(2 * max_seq_len - 1) if pos else None,
+        ts_w=mk(9) if time else None,
+        # heavy-tailed gaps so that many buckets (and the clamp at 8) are hit
+        timestamps=(torch.exp(torch.rand(T, generator=g) * 12).long().cumsum(0) if time else None),
+    )
+    return args
+
+
+def _run(args, normalization, backend):
+    leaves = {n: args[n].clone().requires_grad_(True) for n in ("q", "k", "v", "pos_w", "ts_w")
+              if args[n] is not None}
+    kw = {**args, **leaves}
+    with ops.use_backend(backend, ops=["hstu_mha", "hstu_mha_backward"], device="cpu"):
+        out = hstu_mha(normalization=normalization, **kw)
+        grad = torch.randn_like(out)
+        out.backward(grad)
+    return out, grad, leaves
+
+
+def _check(backend, args, normalization="max_len", rtol=2e-4, atol=2e-5):
+    out, grad, leaves = _run(args, normalization, backend)
+    ref_leaves = {n: t.detach().double().requires_grad_(True) for n, t in leaves.items()}
+    full = {**args, **ref_leaves}
+    expect = oracle(full["q"], full["k"], full["v"], args["offsets"], args["alpha"],
+                    args["max_seq_len"], normalization == "seq_len", args["num_targets"],
+                    args["contextual_seq_len"], full["pos_w"], full["ts_w"], args["timestamps"])
+    expect.backward(grad.double())
+    torch.testing.assert_close(out.double(), expect.detach(), rtol=rtol, atol=atol)
+    for n, t in leaves.items():
+        assert t.grad is not None, n
+        torch.testing.assert_close(t.grad.double(), ref_leaves[n].grad, rtol=rtol, atol=atol,
+                                   msg=lambda m, n=n: f"grad of {n}: {m}")
+
+
+LENGTHS = [[5, 0, 1, 12, 3], [12], [0, 0, 2], [7, 12, 1, 9]]
+
+# (lengths, max_seq_len, targets, contextual, normalization, pos, time)
+CASES = [
+    (LENGTHS[0], 12, False, 0, "max_len", True, True),
+    (LENGTHS[0], 16, True, 0, "seq_len", True, True),
+    (LENGTHS[3], 12, True, 2, "max_len", True, True),
+    (LENGTHS[1], 12, False, 3, "seq_len", False, True),
+    (LENGTHS[2], 4, False, 0, "max_len", True, False),
+    (LENGTHS[3], 13, False, 0, "seq_len", False, False),
+]
+
+
+def _backends():
+    out = ["reference"]
+    if cpu.kernel("hstu_mha_fwd") is not None:
+        out.append("cpu_kernel")
+    return out
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_backend_matches_oracle_fwd_bwd(backend, case):
+    lengths, msl, targets, c, norm, pos, time = CASES[case]
+    args = _case(lengths, max_seq_len=msl, targets=targets, c=c, pos=pos, time=time, seed=case)
+    _check(backend, args, norm)
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_float64_is_tight(backend):
+    args = _case([6, 1, 0, 11], max_seq_len=11, targets=True, c=1, dtype=torch.float64, seed=7)
+    _check(backend, args, "max_len", rtol=1e-10, atol=1e-12)
+
+
+def test_triton_interpreted_matches_oracle(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if registry.spec("hstu_mha").triton is None:
+        pytest.skip("no triton implementation")
+    for case in (0, 2, 3):
+        lengths, msl, targets, c, norm, pos, time = CASES[case]
+        args = _case(lengths, max_seq_len=msl, targets=targets, c=c, pos=pos, time=time, seed=case)
+        _check("triton", args, norm)
+
+
+def test_output_poison_and_fresh_inputs_each_call():
+    # two calls with different random inputs must give different, finite outputs (no stale buffer)
+    a = _case([4, 9], max_seq_len=9, seed=1)
+    b = _case([4, 9], max_seq_len=9, seed=2)
+    oa = hstu_mha(**a)
+    ob = hstu_mha(**b)
+    assert torch.isfinite(oa).all() and torch.isfinite(ob).all()
+    assert not torch.allclose(oa, ob)
+
+
+def test_default_cpu_backend_is_the_kernel_when_built():
+    backend, _ = registry.choose("hstu_mha", "cpu")
+    expected = "cpu_kernel" if cpu.kernel("hstu_mha_fwd") is not None else "reference"
+    assert backend == expected
+    assert registry.choose("hstu_mha_backward", "cpu")[0] == expected
+
+
+def test_registered_as_torchrec_ascend_only():
+    for name in ("hstu_mha", "hstu_mha_backward"):
+        assert not registry.spec(name).fbgemm
+        assert not hasattr(torch.ops.fbgemm, name) or name not in dir(torch.ops.fbgemm)
+
+
+def test_opcheck():
+    args = _case([3, 0, 5], max_seq_len=5, targets=True, seed=3)
+    for t in ("q", "k", "v", "pos_w", "ts_w"):
+        args[t] = args[t].requires_grad_(True)
+    torch.library.opcheck(
+        torch.ops.torchrec_ascend.hstu_mha.default,
+        (args["q"], args["k"], args["v"], args["offsets"], 0.7, 5, False, args["num_targets"], 0,
+         args["pos_w"], args["ts_w"], args["timestamps"]),
+        test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
+    )
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(offsets=torch.tensor([0, 3, 2, 8])), "offsets: must be non-decreasing"),
+    (dict(offsets=torch.tensor([0, 3, 7])), "offsets: last offset"),
+    (dict(max_seq_len=4), "max_seq_len=4"),
+    (dict(normalization="softmax"), "normalization"),
+    (dict(num_targets=torch.tensor([0, 9])), "num_targets"),
+    (dict(num_targets=torch.tensor([1])), "num_targets: expected 2"),
+    (dict(pos_w=torch.zeros(3)), "pos_w: expected 15"),
+    (dict(timestamps=None), "ts_w / timestamps"),
+    (dict(timestamps=torch.zeros(8)), "timestamps: dtype"),
+    (dict(contextual_seq_len=-1), "contextual_seq_len"),
+    (dict(k=torch.zeros(8, 2, 7)), "k: shape"),
+])
+def test_bad_input_raises_value_error(bad, match):
+    args = _case([3, 5], max_seq_len=8, seed=4)
+    kw = {"normalization": "max_len", **args, **bad}
+    with pytest.raises(ValueError, match=match):
+        hstu_mha(**kw)
