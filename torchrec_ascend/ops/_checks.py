@@ -91,3 +91,64 @@ def check_max_lengths(name: str, max_lengths: Sequence[int], n: int) -> None:
     for i, m in enumerate(max_lengths):
         if int(m) < 0:
             raise ValueError(f"{name}[{i}]: must be >= 0, got {m}")
+
+
+def check_same_dtype(**tensors: torch.Tensor) -> None:
+    """All named tensors have one dtype."""
+    items = [(k, v) for k, v in tensors.items() if isinstance(v, torch.Tensor)]
+    for k, v in items[1:]:
+        if v.dtype != items[0][1].dtype:
+            raise ValueError(
+                f"{k}: dtype {str(v.dtype).replace('torch.', '')} differs from {items[0][0]}'s "
+                f"{str(items[0][1].dtype).replace('torch.', '')}; they must match"
+            )
+
+
+def check_nonneg_int(name: str, value: object) -> int:
+    """A Python int >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name}: must be >= 0, got {value}")
+    return value
+
+
+def check_jagged(values_name: str, values: torch.Tensor, offsets_name: str,
+                 offsets: torch.Tensor, validate: bool, dim: Optional[int] = None,
+                 min_dim: Optional[int] = 1) -> None:
+    """A jagged batch: ``values [T, ...]`` (float) and offsets ``[B + 1]`` that end exactly at T."""
+    check_tensor(values_name, values, dim=dim, min_dim=None if dim is not None else min_dim,
+                 dtypes=FLOAT_DTYPES)
+    check_offsets(offsets_name, offsets, values.shape[0], validate)
+    check_same_device(**{values_name: values, offsets_name: offsets})
+    if validate and int(offsets[-1]) != values.shape[0]:
+        raise ValueError(
+            f"{offsets_name}: last offset {int(offsets[-1])} must equal the number of rows of "
+            f"{values_name} ({values.shape[0]})"
+        )
+
+
+def check_index_range(name: str, t: torch.Tensor, low: int, high: int, validate: bool,
+                      allow: Optional[int] = None) -> None:
+    """Every value of integer tensor ``t`` lies in ``[low, high)`` (``allow``: one extra value
+    that is accepted, e.g. ``-1`` for pruned rows).  Reads values: only with ``validate``."""
+    if not validate or t.numel() == 0:
+        return
+    bad = (t < low) | (t >= high)
+    if allow is not None:
+        bad &= t != allow
+    if bool(bad.any()):
+        i = int(torch.nonzero(bad.reshape(-1))[0, 0])
+        raise ValueError(f"{name}: {name}[{i}]={int(t.reshape(-1)[i])} is outside [{low}, {high})")
+
+
+def check_permutation(name: str, p: torch.Tensor, validate: bool) -> None:
+    """``p`` is a permutation of ``0 .. len(p) - 1`` (each value exactly once)."""
+    check_index_range(name, p, 0, p.numel(), validate)
+    if validate and p.numel():
+        seen = torch.zeros(p.numel(), dtype=torch.int64, device=p.device)
+        seen.index_add_(0, p.reshape(-1).to(torch.int64), torch.ones_like(seen))
+        if bool((seen != 1).any()):
+            v = int(torch.nonzero(seen != 1)[0, 0])
+            raise ValueError(f"{name}: must be a permutation of 0..{p.numel() - 1}, but {v} "
+                             f"appears {int(seen[v])} times")
