@@ -1,0 +1,497 @@
+"""Table-batched embedding lookup ops (torchrec_ascend.ops.embedding).
+
+Oracles: fbgemm's own CPU kernels (same op names and schemas, called side by side), float64
+explicit loops (sequence dense lookup, Adam, row-wise Adagrad weight decay / max_norm, weighted
+MEAN backward, where fbgemm-cpu has no kernel or disagrees), torch autograd of those loops.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+import torchrec_ascend.ops as ops
+from torchrec_ascend.ops import embedding as E
+from torchrec_ascend.ops.reference import embedding as R
+
+fbgemm_gpu = pytest.importorskip("fbgemm_gpu")
+fb = torch.ops.fbgemm
+HOST = 3
+
+
+ta = torch.ops.torchrec_ascend
+
+
+@pytest.fixture(autouse=True)
+def _ours():
+    """torchrec_ascend:: ops run our reference backend here (on CPU the registry otherwise picks
+    fbgemm's kernel for ops fbgemm has); torch.ops.fbgemm.* calls stay fbgemm's."""
+    with ops.use_backend("reference"):
+        yield
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _tbe(dims=(4, 8, 3), rows=(10, 7, 5), B=5, idx_dtype=torch.int64, w_dtype=torch.float32, max_L=4,
+         weighted=False, shared=False):
+    """Random TBE inputs; bag lengths include 0, 1 and max_L; duplicate rows are likely."""
+    T = len(dims)
+    if shared:  # feature 1 reads feature 0's table
+        dims, rows = (dims[0], dims[0]) + tuple(dims[2:]), (rows[0], rows[0]) + tuple(rows[2:])
+    sizes = [r * d for r, d in zip(rows, dims)]
+    starts, pos = [], 0
+    for t in range(T):
+        starts.append(starts[0] if shared and t == 1 else pos)
+        pos += 0 if shared and t == 1 else sizes[t]
+    # fbgemm's convention: features of a shared table repeat hash_size_cumsum before the table's step
+    steps = [0 if shared and t == 0 else rows[t] for t in range(T)]
+    hs = [0] + torch.tensor(steps).cumsum(0).tolist()
+    weights = torch.randn(pos).to(w_dtype)
+    L = torch.randint(0, max_L + 1, (T * B,))
+    L[0], L[1], L[2] = 0, 1, max_L
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(L, 0)]).to(idx_dtype)
+    idx = torch.cat([torch.randint(0, rows[t], (int(L[t * B:(t + 1) * B].sum()),)) for t in range(T)])
+    return dict(
+        weights=weights,
+        weights_offsets=torch.tensor(starts, dtype=torch.int64),
+        D_offsets=torch.tensor([0] + list(torch.tensor(dims).cumsum(0)), dtype=torch.int32),
+        hash_size_cumsum=torch.tensor(hs, dtype=torch.int64),
+        indices=idx.to(idx_dtype),
+        offsets=offsets,
+        psw=torch.rand(idx.numel()) if weighted else None,
+        dims=list(dims), B=B, T=T,
+    )
+
+
+def _e(dtype=torch.float32):
+    return torch.empty(0, dtype=dtype)
+
+
+def _placements(T):
+    return torch.full((T,), HOST, dtype=torch.int32)
+
+
+def _fwd_args(x, pm, weighted, output_dtype=0):
+    T = x["T"]
+    return (x["weights"], _e(x["weights"].dtype), _e(x["weights"].dtype), _e(x["weights"].dtype), _placements(T),
+            x["weights_offsets"], x["D_offsets"], sum(x["dims"]), max(x["dims"]), x["hash_size_cumsum"],
+            x["indices"], x["offsets"], pm, x["psw"] if weighted else None, _e(torch.int32), _e(torch.int32),
+            False, output_dtype)
+
+
+def _nobag_args(x, output_dtype=0):
+    T = x["T"]
+    return (x["weights"], _e(x["weights"].dtype), _e(x["weights"].dtype), _e(x["weights"].dtype), _placements(T),
+            x["weights_offsets"], x["dims"][0], x["hash_size_cumsum"], x["indices"], x["offsets"], _e(torch.int32),
+            _e(torch.int32), False, output_dtype)
+
+
+def _loop_pooled(x, pm, weighted):
+    """float64 explicit loop: out[b, D_t slice] = sum/mean of rows (times per-sample weights)."""
+    w = x["weights"].double()
+    off, idx = x["offsets"].tolist(), x["indices"].tolist()
+    out = torch.zeros(x["B"], sum(x["dims"]), dtype=torch.float64)
+    d0 = 0
+    for t, D in enumerate(x["dims"]):
+        for b in range(x["B"]):
+            s, e = off[t * x["B"] + b], off[t * x["B"] + b + 1]
+            for p in range(s, e):
+                start = int(x["weights_offsets"][t]) + idx[p] * D
+                f = float(x["psw"][p]) if weighted else 1.0
+                if pm == R.MEAN:
+                    f /= (e - s)
+                out[b, d0:d0 + D] += f * w[start:start + D]
+        d0 += D
+    return out
+
+
+# --------------------------------------------------------------------------- forward parity
+
+
+@pytest.mark.parametrize("pm", [R.SUM, R.MEAN])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("idx_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("w_dtype", [torch.float32, torch.float16])
+def test_pooled_forward_matches_fbgemm(pm, weighted, idx_dtype, w_dtype):
+    x = _tbe(idx_dtype=idx_dtype, w_dtype=w_dtype, weighted=weighted)
+    name = f"split_embedding_codegen_forward_{'weighted' if weighted else 'unweighted'}_pt2_wrapper"
+    for output_dtype in (0, 1):
+        args = _fwd_args(x, pm, weighted, output_dtype)
+        got = getattr(ta, name)(*args)
+        want = getattr(fb, name)(*args)
+        if weighted and pm == R.MEAN and output_dtype == 1:
+            # fbgemm-cpu's fp16-output path skips the 1/L its fp32 path applies: compare with fp32
+            want = getattr(fb, name)(*_fwd_args(x, pm, weighted, 0)).half()
+        assert got.dtype == want.dtype and got.shape == want.shape
+        tol = 1e-5 if output_dtype == 0 else 2e-3
+        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    if w_dtype == torch.float32:
+        torch.testing.assert_close(getattr(ta, name)(*_fwd_args(x, pm, weighted)).double(),
+                                   _loop_pooled(x, pm, weighted), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("idx_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("w_dtype", [torch.float32, torch.float16])
+def test_nobag_forward_matches_fbgemm(idx_dtype, w_dtype):
+    x = _tbe(dims=(4, 4, 4), idx_dtype=idx_dtype, w_dtype=w_dtype)
+    name = "split_embedding_nobag_codegen_forward_unweighted_pt2_wrapper"
+    got = getattr(ta, name)(*_nobag_args(x))
+    want = getattr(fb, name)(*_nobag_args(x))
+    assert got.shape == (x["indices"].numel(), 4)
+    torch.testing.assert_close(got, want)
+
+
+def test_shared_table_forward_matches_fbgemm():
+    x = _tbe(shared=True, weighted=True)
+    for name, weighted in (("split_embedding_codegen_forward_unweighted_pt2_wrapper", False),
+                           ("split_embedding_codegen_forward_weighted_pt2_wrapper", True)):
+        args = _fwd_args(x, R.SUM, weighted)
+        torch.testing.assert_close(getattr(ta, name)(*args), getattr(fb, name)(*args))
+
+
+def test_grad_indice_weights_matches_fbgemm():
+    x = _tbe(weighted=True)
+    grad = torch.randn(x["B"], sum(x["dims"]))
+    frg = torch.tensor([1, 0, 1])
+    args = (grad, x["weights"], _e(), _e(), _e(), _placements(x["T"]), x["weights_offsets"], x["D_offsets"],
+            max(x["dims"]), x["indices"], x["offsets"], _e(torch.int32), frg)
+    name = "split_embedding_codegen_grad_indice_weights_pt2_wrapper"
+    torch.testing.assert_close(getattr(ta, name)(*args), getattr(fb, name)(*args))
+
+
+# --------------------------------------------------------------------------- fused optimizer steps
+
+
+def _state_tensors(opt, x):
+    """(states, offsets) laid out as TBE does: like the weights, or one float per row."""
+    if opt == "sgd":
+        return []
+    if opt == "rowwise_adagrad":
+        hs = x["hash_size_cumsum"]
+        n = int(hs[-1])
+        offs = hs[:-1].clone()
+        return [(torch.rand(n), offs)]
+    return [(torch.rand(x["weights"].numel()), x["weights_offsets"].clone())]
+
+
+def _bwd_args(x, opt, variant, grad, weights, states, lr, hyper, stochastic_rounding=False):
+    nobag = variant == "nobag"
+    e, ei, p = _e(weights.dtype), _e(torch.int32), _placements(x["T"])
+    head = [grad, weights, e, e, e, p, x["weights_offsets"]]
+    if nobag:
+        head += [x["dims"][0], x["hash_size_cumsum"], 0, x["indices"], x["offsets"]]
+    else:
+        head += [x["D_offsets"], max(x["dims"]), True, x["hash_size_cumsum"], 0, x["indices"], x["offsets"],
+                 variant[1], x["psw"] if variant[0] == "weighted" else None]
+    head += [ei, 0, 0, stochastic_rounding, 0, 0, False, True]
+    for s, so in states:
+        head += [s, _e(), _e(), p, so]
+    return head + [lr] + hyper
+
+
+_VARIANTS = [("unweighted", R.SUM), ("unweighted", R.MEAN), ("weighted", R.SUM), "nobag"]
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adagrad", "rowwise_adagrad"])
+@pytest.mark.parametrize("variant", _VARIANTS, ids=["sum", "mean", "weighted_sum", "nobag"])
+def test_fused_backward_steps_match_fbgemm(opt, variant):
+    nobag = variant == "nobag"
+    name = E.backward_op_name(opt, variant != "nobag" and variant[0] == "weighted", nobag)
+    x0 = _tbe(dims=(4, 4, 4) if nobag else (4, 8, 3), weighted=not nobag and variant[0] == "weighted")
+    w_fb, w_ta = x0["weights"].clone(), x0["weights"].clone()
+    st_fb = _state_tensors(opt, x0)
+    st_ta = [(s.clone(), o) for s, o in st_fb]
+    hyper = {"sgd": [], "adagrad": [0.01], "rowwise_adagrad": [0.01, 0.0, 0, 0.0]}[opt]
+    lr = torch.tensor(0.05)
+    for step in range(3):
+        x = _tbe(dims=(4, 4, 4) if nobag else (4, 8, 3), weighted=not nobag and variant[0] == "weighted")
+        rows = x["indices"].numel() if nobag else x["B"]
+        grad = torch.randn(rows, 4 if nobag else sum(x["dims"]))
+        r_fb = getattr(fb, name)(*_bwd_args(x, opt, variant, grad, w_fb, st_fb, lr, hyper))
+        r_ta = getattr(ta, name)(*_bwd_args(x, opt, variant, grad, w_ta, st_ta, lr, hyper))
+        assert r_ta is not None and r_ta.numel() == 0
+        torch.testing.assert_close(w_ta, w_fb, rtol=1e-5, atol=1e-6, msg=f"weights after step {step}")
+        for (a, _), (b, _) in zip(st_ta, st_fb):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"state after step {step}")
+        assert not torch.equal(w_ta, x0["weights"])
+
+
+def test_fused_sgd_fp16_weights_match_fbgemm():
+    x = _tbe(w_dtype=torch.float16)
+    w_fb, w_ta = x["weights"].clone(), x["weights"].clone()
+    grad = torch.randn(x["B"], sum(x["dims"]))
+    name = E.backward_op_name("sgd", False, False)
+    lr = torch.tensor(0.5)
+    variant = ("unweighted", R.SUM)
+    getattr(fb, name)(*_bwd_args(x, "sgd", variant, grad, w_fb, [], lr, []))
+    getattr(ta, name)(*_bwd_args(x, "sgd", variant, grad, w_ta, [], lr, []))
+    torch.testing.assert_close(w_ta, w_fb, rtol=1e-3, atol=1e-3)
+
+
+# --------------------------------------------------------------------------- formulas fbgemm-cpu lacks
+
+
+def _loop_row_grads(x, grad, pm, weighted):
+    """float64 {flat row start: summed gradient} of a pooled lookup, by explicit loops."""
+    out = {}
+    off, idx = x["offsets"].tolist(), x["indices"].tolist()
+    d0 = 0
+    for t, D in enumerate(x["dims"]):
+        for b in range(x["B"]):
+            s, e = off[t * x["B"] + b], off[t * x["B"] + b + 1]
+            for p in range(s, e):
+                f = float(x["psw"][p]) if weighted else 1.0
+                if pm == R.MEAN:
+                    f /= (e - s)
+                key = (int(x["weights_offsets"][t]) + idx[p] * D, D)
+                out[key] = out.get(key, 0) + f * grad[b, d0:d0 + D].double()
+        d0 += D
+    return out
+
+
+def test_weighted_mean_backward_is_the_gradient_of_the_forward():
+    # fbgemm-cpu's backward drops the 1/L of weighted MEAN that its forward applies; ours keeps it
+    x = _tbe(weighted=True)
+    w = x["weights"].clone()
+    out = E.split_embedding_lookup(w, x["weights_offsets"], x["D_offsets"], x["indices"], x["offsets"], "sgd",
+                                   1.0, pooling_mode="mean", per_sample_weights=x["psw"])
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    want = x["weights"].double().clone()
+    for (start, D), g in _loop_row_grads(x, grad, R.MEAN, True).items():
+        want[start:start + D] -= g
+    torch.testing.assert_close(w.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode,max_norm", [(1, 0.0), (2, 0.0), (0, 0.5)])
+def test_rowwise_adagrad_weight_decay_and_max_norm_formula(mode, max_norm):
+    x = _tbe()
+    w = x["weights"].clone()
+    (m, mo), = _state_tensors("rowwise_adagrad", x)
+    m0 = m.clone()
+    lr, eps, wd = 0.1, 1e-2, 0.3
+    out = E.split_embedding_lookup(w, x["weights_offsets"], x["D_offsets"], x["indices"], x["offsets"],
+                                   "rowwise_adagrad", lr, [m], [mo], eps=eps, weight_decay=wd,
+                                   weight_decay_mode=mode, max_norm=max_norm)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    want_w, want_m = x["weights"].double().clone(), m0.double().clone()
+    for (start, D), g in _loop_row_grads(x, grad, R.SUM, False).items():
+        t = int(torch.searchsorted(x["weights_offsets"], torch.tensor(start), right=True)) - 1
+        row = (start - int(x["weights_offsets"][t])) // D
+        mpos = int(mo[t]) + row
+        w0 = want_w[start:start + D].clone()
+        ge = g + wd * w0 if mode == 1 else g
+        want_m[mpos] += float((ge * ge).sum()) / D
+        mult = lr / (math.sqrt(float(want_m[mpos])) + eps)
+        corr = 1 - mult * wd if mode == 1 else (1 - lr * wd if mode == 2 else 1.0)
+        new = corr * w0 - mult * g
+        if max_norm > 0 and float(new.norm()) > max_norm:
+            new = new * (max_norm / float(new.norm()))
+        want_w[start:start + D] = new
+    torch.testing.assert_close(m.double(), want_m, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w.double(), want_w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["sum", "nobag"])
+def test_adam_steps_match_float64_formula(variant):
+    nobag = variant == "nobag"
+    dims = (4, 4, 4) if nobag else (4, 8, 3)
+    x0 = _tbe(dims=dims)
+    w = x0["weights"].clone()
+    m1, m2 = torch.zeros_like(w), torch.zeros_like(w)
+    want_w, want_m1, want_m2 = w.double().clone(), m1.double().clone(), m2.double().clone()
+    lr, eps, b1, b2, wd = 0.01, 1e-8, 0.9, 0.99, 0.01
+    for it in range(1, 4):
+        x = _tbe(dims=dims)
+        out = E.split_embedding_lookup(w, x["weights_offsets"], x["D_offsets"], x["indices"], x["offsets"], "adam",
+                                       lr, [m1, m2], [x["weights_offsets"]] * 2, pooling_mode="none" if nobag
+                                       else "sum", eps=eps, beta1=b1, beta2=b2, weight_decay=wd, iter=it)
+        grad = torch.randn_like(out)
+        out.backward(grad)
+        if nobag:
+            rg = {}
+            for p, i in enumerate(x["indices"].tolist()):
+                t = int(torch.searchsorted(x["offsets"][x["B"]::x["B"]], torch.tensor(p), right=True))
+                key = (int(x["weights_offsets"][t]) + i * 4, 4)
+                rg[key] = rg.get(key, 0) + grad[p].double()
+        else:
+            rg = _loop_row_grads(x, grad, R.SUM, False)
+        for (start, D), g in rg.items():
+            sl = slice(start, start + D)
+            want_m1[sl] = b1 * want_m1[sl] + (1 - b1) * g
+            want_m2[sl] = b2 * want_m2[sl] + (1 - b2) * g * g
+            upd = want_m1[sl] / (1 - b1 ** it) / ((want_m2[sl] / (1 - b2 ** it)).sqrt() + eps) + wd * want_w[sl]
+            want_w[sl] -= lr * upd
+        torch.testing.assert_close(m1.double(), want_m1, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(m2.double(), want_m2, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(w.double(), want_w, rtol=1e-5, atol=1e-5)
+
+
+def test_lookup_op_adagrad_matches_fbgemm_backward_and_clips():
+    x = _tbe(weighted=True)
+    w_ta, w_fb = x["weights"].clone(), x["weights"].clone()
+    (m_ta, mo), = _state_tensors("adagrad", x)
+    m_fb = m_ta.clone()
+    psw = x["psw"].clone().requires_grad_()
+    out = E.split_embedding_lookup(w_ta, x["weights_offsets"], x["D_offsets"], x["indices"], x["offsets"],
+                                   "adagrad", 0.1, [m_ta], [mo], per_sample_weights=psw, eps=1e-3,
+                                   gradient_clipping=True, max_gradient=0.5)
+    torch.testing.assert_close(out, fb.split_embedding_codegen_forward_weighted_pt2_wrapper(
+        *_fwd_args(x, R.SUM, True)))
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    clipped = grad.clamp(-0.5, 0.5)
+    fb.split_embedding_backward_codegen_adagrad_weighted_pt2_wrapper(
+        *_bwd_args(x, "adagrad", ("weighted", R.SUM), clipped, w_fb, [(m_fb, mo)], torch.tensor(0.1), [1e-3]))
+    torch.testing.assert_close(w_ta, w_fb)
+    torch.testing.assert_close(m_ta, m_fb)
+    want_gpsw = fb.split_embedding_codegen_grad_indice_weights_cpu(
+        clipped, x["weights"], x["weights_offsets"], x["D_offsets"], x["indices"], x["offsets"], torch.ones(3))
+    torch.testing.assert_close(psw.grad, want_gpsw)
+
+
+# --------------------------------------------------------------------------- dense (data parallel)
+
+
+def test_dense_sequence_lookup_matches_float64_loop():
+    # fbgemm-gpu-cpu 1.8.0 pools here; the right answer is one row per index
+    x = _tbe(dims=(4, 4, 4))
+    w = x["weights"].double().requires_grad_()
+    out = E.dense_embedding_lookup(w, x["weights_offsets"], x["D_offsets"], x["indices"], x["offsets"], "none")
+    assert out.shape == (x["indices"].numel(), 4)
+    rows = []
+    for p, i in enumerate(x["indices"].tolist()):
+        t = int(torch.searchsorted(x["offsets"][x["B"]::x["B"]], torch.tensor(p), right=True))
+        start = int(x["weights_offsets"][t]) + i * 4
+        rows.append(w[start:start + 4])
+    want = torch.stack(rows)
+    torch.testing.assert_close(out, want)
+    grad = torch.randn_like(out)
+    (g_ours,) = torch.autograd.grad(out, w, grad)
+    (g_want,) = torch.autograd.grad(want, w, grad)
+    torch.testing.assert_close(g_ours, g_want)
+
+
+@pytest.mark.parametrize("pm", [R.SUM, R.MEAN])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_dense_pooled_lookup_matches_fbgemm_and_grads(pm, weighted):
+    x = _tbe(weighted=weighted)
+    if weighted and pm == R.MEAN:
+        pytest.skip("fbgemm-cpu's weighted MEAN backward omits 1/L (covered by the float64 test)")
+    args = lambda w, iw: (w, x["weights_offsets"], x["D_offsets"], sum(x["dims"]), max(x["dims"]),  # noqa: E731
+                          x["hash_size_cumsum"], 0, x["indices"], x["offsets"], pm, iw, None)
+    w1, w2 = x["weights"].clone().requires_grad_(), x["weights"].clone().requires_grad_()
+    iw1 = x["psw"].clone().requires_grad_() if weighted else None
+    iw2 = x["psw"].clone().requires_grad_() if weighted else None
+    o1 = ta.dense_embedding_codegen_lookup_function(*args(w1, iw1))
+    o2 = fb.dense_embedding_codegen_lookup_function(*args(w2, iw2))
+    torch.testing.assert_close(o1, o2)
+    grad = torch.randn_like(o1)
+    o1.backward(grad)
+    o2.backward(grad)
+    torch.testing.assert_close(w1.grad, w2.grad)
+    if weighted:
+        torch.testing.assert_close(iw1.grad, iw2.grad)
+
+
+def test_dense_replaces_fbgemm_kernel_with_autograd():
+    x = _tbe(dims=(4, 4, 4))
+    w = x["weights"].clone().requires_grad_()
+    with ops.use_backend("reference", ops=["dense_embedding_codegen_lookup_function"], replace_fbgemm=True):
+        out = fb.dense_embedding_codegen_lookup_function(
+            w, x["weights_offsets"], x["D_offsets"], 12, 4, x["hash_size_cumsum"], 0, x["indices"], x["offsets"],
+            R.NONE, None, None)
+    assert out.shape == (x["indices"].numel(), 4)
+    out.sum().backward()
+    counts = torch.zeros_like(w)
+    want = E.dense_embedding_lookup(x["weights"], x["weights_offsets"], x["D_offsets"], x["indices"],
+                                    x["offsets"], "none")
+    torch.testing.assert_close(out.detach(), want)
+    assert w.grad is not None and float(w.grad.sum()) == pytest.approx(out.numel())
+    del counts
+
+
+# --------------------------------------------------------------------------- fake kernels
+
+
+def test_opcheck_fake_kernels():
+    x = _tbe(weighted=True)
+    xs = _tbe(dims=(4, 4, 4))
+    checks = [
+        (ta.split_embedding_codegen_forward_unweighted_pt2_wrapper, _fwd_args(x, R.SUM, False)),
+        (ta.split_embedding_codegen_forward_weighted_pt2_wrapper, _fwd_args(x, R.MEAN, True)),
+        (ta.split_embedding_nobag_codegen_forward_unweighted_pt2_wrapper, _nobag_args(xs)),
+        (ta.dense_embedding_codegen_lookup_function,
+         (xs["weights"], xs["weights_offsets"], xs["D_offsets"], 12, 4, xs["hash_size_cumsum"], 0, xs["indices"],
+          xs["offsets"], R.NONE, None, None)),
+    ]
+    grad = torch.randn(x["B"], sum(x["dims"]))
+    checks.append((ta.split_embedding_backward_codegen_rowwise_adagrad_weighted_pt2_wrapper,
+                   tuple(_bwd_args(x, "rowwise_adagrad", ("weighted", R.SUM), grad, x["weights"].clone(),
+                                   _state_tensors("rowwise_adagrad", x), torch.tensor(0.1), [1e-3, 0.0, 0, 0.0]))))
+    for op, args in checks:
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _api(x, **over):
+    kw = dict(weights=x["weights"], weights_offsets=x["weights_offsets"], D_offsets=x["D_offsets"],
+              indices=x["indices"], offsets=x["offsets"])
+    kw.update(over)
+    return E.split_embedding_forward(**kw)
+
+
+def test_bad_input_errors_name_argument_and_rule():
+    x = _tbe()
+    off = x["offsets"]
+    with pytest.raises(ValueError, match="offsets: must start at 0"):
+        _api(x, offsets=off + 1)
+    dec = off.clone()
+    dec[3], dec[4] = dec[4] + 1, dec[3]
+    with pytest.raises(ValueError, match="offsets: must be non-decreasing"):
+        _api(x, offsets=torch.cat([off[:3], torch.tensor([off[5] + 1, 0]), off[5:]]))
+    with pytest.raises(ValueError, match="offsets: last offset .* exceeds"):
+        _api(x, offsets=torch.cat([off[:-1], off[-1:] + 5]))
+    with pytest.raises(ValueError, match="offsets: has .* entries; must be T \\* B \\+ 1"):
+        _api(x, offsets=off[:-1])
+    bad = x["indices"].clone()
+    bad[0] = 100
+    with pytest.raises(ValueError, match=r"indices: indices\[0\]=100 is out of range"):
+        _api(x, indices=bad)
+    bad[0] = -1
+    with pytest.raises(ValueError, match="indices: .* out of range"):
+        _api(x, indices=bad)
+    with pytest.raises(ValueError, match="indices: dtype float32"):
+        _api(x, indices=x["indices"].float())
+    with pytest.raises(ValueError, match="weights_offsets: dtype int32"):
+        _api(x, weights_offsets=x["weights_offsets"].int())
+    with pytest.raises(ValueError, match="per_sample_weights: has"):
+        _api(x, per_sample_weights=torch.rand(x["indices"].numel() + 1))
+    with pytest.raises(ValueError, match="indices: on device meta"):
+        _api(x, indices=x["indices"].to("meta"))
+    with pytest.raises(ValueError, match="pooling_mode"):
+        _api(x, pooling_mode="max")
+    with pytest.raises(ValueError, match="pooling_mode none .* one dim"):
+        _api(x, pooling_mode="none")
+    with pytest.raises(ValueError, match="optimizer"):
+        E.split_embedding_lookup(x["weights"], x["weights_offsets"], x["D_offsets"], x["indices"], x["offsets"],
+                                 "lamb", 0.1)
+    with pytest.raises(ValueError, match="states: optimizer 'adagrad' needs 1"):
+        E.split_embedding_lookup(x["weights"], x["weights_offsets"], x["D_offsets"], x["indices"], x["offsets"],
+                                 "adagrad", 0.1)
+
+
+def test_ours_is_what_runs_in_these_tests():
+    # the autouse fixture must route torchrec_ascend:: ops to our reference, not fbgemm's kernel
+    from torchrec_ascend.ops import registry
+
+    for s in registry.all_specs():
+        if "embedding" in s.name:
+            assert registry.choose(s.name, "cpu")[0] == "reference", s.name
