@@ -15,6 +15,8 @@ from .registry import BACKENDS, DEVICES, describe, describe_rows, use_backend
 from . import sparse  # noqa: E402
 from . import jagged  # noqa: E402
 from . import hstu  # noqa: E402  (fused HSTU attention: hstu_mha)
+from . import embedding  # noqa: E402  (TBE lookup + fused optimizers)
+from .embedding import dense_embedding_lookup, split_embedding_forward, split_embedding_lookup  # noqa: E402
 from .sparse import (  # noqa: E402
     asynchronous_complete_cumsum,
     asynchronous_exclusive_cumsum,
@@ -60,4 +62,7 @@ __all__ = [
     "segment_sum_csr",
     "jagged_to_padded_dense",
     "dense_to_jagged",
+    "split_embedding_forward",
+    "split_embedding_lookup",
+    "dense_embedding_lookup",
 ]
