@@ -1,0 +1,20 @@
+"""Retrieval metrics (HR@K, NDCG@K, MRR with history filtering) and FLOP counting / MFU.
+Torch only (no torchrec)."""
+
+from __future__ import annotations
+
+from .flops import (
+    device_peak_flops,
+    measure_peak_gemm_flops,
+    mfu,
+    sampled_softmax_flops,
+    sasrec_forward_flops,
+    training_flops,
+)
+from .retrieval import DEFAULT_KS, RetrievalMetrics, filter_history, metrics_from_ranks, target_ranks
+
+__all__ = [
+    "DEFAULT_KS", "RetrievalMetrics", "device_peak_flops", "filter_history",
+    "measure_peak_gemm_flops", "metrics_from_ranks", "mfu", "sampled_softmax_flops",
+    "sasrec_forward_flops", "target_ranks", "training_flops",
+]

@@ -1,0 +1,118 @@
+"""Full-corpus retrieval metrics with history filtering: HR@K, NDCG@K, MRR.
+
+For each query the model scores every item; the items of the user's history are removed from the
+candidates (set to ``-inf``) **except the target itself** (a user may re-consume an item; removing
+it would make the query unanswerable).  The target's 0-based rank is
+
+``rank = #{candidates scoring higher} + #{candidates scoring equal with a smaller item index}``
+
+(ties broken by item index, deterministically: this matters for count-based baselines such as
+most-popular).  Then ``HR@K = [rank < K]``, ``NDCG@K = [rank < K] / log2(rank + 2)`` (one relevant
+item, so IDCG = 1) and ``MRR = 1 / (rank + 1)`` (no cut-off).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Iterable, Optional, Sequence, Tuple
+
+import torch
+
+from ..ops._checks import check_offsets, check_tensor
+
+DEFAULT_KS: Tuple[int, ...] = (10, 50, 200)
+
+
+def filter_history(scores: torch.Tensor, history: torch.Tensor, history_offsets: torch.Tensor,
+                   targets: torch.Tensor) -> torch.Tensor:
+    """Copy of ``scores`` [B, N] with each row's history items set to ``-inf`` (targets kept)."""
+    check_tensor("scores", scores, dim=2)
+    check_tensor("history", history, dim=1, dtypes=(torch.int32, torch.int64))
+    check_offsets("history_offsets", history_offsets, history.numel(), validate=True)
+    b, n = scores.shape
+    if history_offsets.numel() != b + 1:
+        raise ValueError(f"history_offsets: expected {b + 1} entries (B + 1), got {history_offsets.numel()}")
+    if history.numel() and (int(history.min()) < 0 or int(history.max()) >= n):
+        raise ValueError(f"history: item ids must be in [0, {n})")
+    check_tensor("targets", targets, dim=1, dtypes=(torch.int32, torch.int64))
+    if targets.numel() != b:
+        raise ValueError(f"targets: expected {b} entries, got {targets.numel()}")
+    out = scores.clone()
+    rows = torch.repeat_interleave(torch.arange(b, device=scores.device),
+                                   history_offsets[1:] - history_offsets[:-1])
+    tgt_scores = scores.gather(1, targets.view(-1, 1).long())
+    out[rows, history.long()] = float("-inf")
+    out.scatter_(1, targets.view(-1, 1).long(), tgt_scores)
+    return out
+
+
+def target_ranks(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """0-based rank of ``targets`` [B] in each row of ``scores`` [B, N] (ties by item index)."""
+    check_tensor("scores", scores, dim=2)
+    check_tensor("targets", targets, dim=1, dtypes=(torch.int32, torch.int64))
+    b, n = scores.shape
+    if targets.numel() != b:
+        raise ValueError(f"targets: expected {b} entries, got {targets.numel()}")
+    if b and (int(targets.min()) < 0 or int(targets.max()) >= n):
+        raise ValueError(f"targets: item ids must be in [0, {n})")
+    t = targets.long().view(-1, 1)
+    s_t = scores.gather(1, t)
+    higher = (scores > s_t).sum(1)
+    idx = torch.arange(n, device=scores.device).view(1, -1)
+    ties = ((scores == s_t) & (idx < t)).sum(1)
+    return higher + ties
+
+
+class RetrievalMetrics:
+    """Accumulates HR@K / NDCG@K / MRR over batches of target ranks (and across ranks)."""
+
+    def __init__(self, ks: Sequence[int] = DEFAULT_KS) -> None:
+        if not ks or any(k < 1 for k in ks):
+            raise ValueError(f"ks: must be positive cut-offs, got {list(ks)}")
+        self.ks = tuple(ks)
+        self.reset()
+
+    def reset(self) -> None:
+        self._sums = torch.zeros(2 * len(self.ks) + 2, dtype=torch.float64)
+
+    def update(self, ranks: torch.Tensor) -> None:
+        r = ranks.detach().to("cpu", torch.float64)
+        parts = []
+        for k in self.ks:
+            parts.append((r < k).double().sum())
+        for k in self.ks:
+            parts.append(torch.where(r < k, 1.0 / torch.log2(r + 2.0), torch.zeros_like(r)).sum())
+        parts.append((1.0 / (r + 1.0)).sum())
+        parts.append(torch.tensor(float(r.numel()), dtype=torch.float64))
+        self._sums += torch.stack(parts)
+
+    def all_reduce(self, group: Optional[object] = None) -> None:
+        """Sum the accumulators over a process group (call on every rank)."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(self._sums, group=group)
+
+    @property
+    def count(self) -> int:
+        return int(self._sums[-1])
+
+    def compute(self) -> Dict[str, float]:
+        n = max(float(self._sums[-1]), 1.0)
+        out: Dict[str, float] = {}
+        for i, k in enumerate(self.ks):
+            out[f"hr@{k}"] = float(self._sums[i]) / n
+        for i, k in enumerate(self.ks):
+            out[f"ndcg@{k}"] = float(self._sums[len(self.ks) + i]) / n
+        out["mrr"] = float(self._sums[-2]) / n
+        return out
+
+
+def metrics_from_ranks(ranks: Iterable[int], ks: Sequence[int] = DEFAULT_KS) -> Dict[str, float]:
+    """The same metrics from a plain list of ranks (pure Python; the tests' oracle shape)."""
+    rs = list(ranks)
+    n = max(len(rs), 1)
+    out = {f"hr@{k}": sum(1 for r in rs if r < k) / n for k in ks}
+    out.update({f"ndcg@{k}": sum(1 / math.log2(r + 2) for r in rs if r < k) / n for k in ks})
+    out["mrr"] = sum(1 / (r + 1) for r in rs) / n
+    return out
