@@ -65,6 +65,18 @@ def _check_sample(name: str, s: NegativeSample, emb: torch.Tensor, t: int, d: in
         raise ValueError(f"{name}.pos_log_q: expected shape [T={t}], got {tuple(s.pos_log_q.shape)}")
 
 
+def _pool_hits(pool_ids: torch.Tensor, pos_ids: torch.Tensor):
+    """All ``(t, j)`` with ``pool_ids[j] == pos_ids[t]`` (pool may repeat ids), O((T + R) log R)."""
+    sorted_ids, order = torch.sort(pool_ids)
+    lo = torch.searchsorted(sorted_ids, pos_ids)
+    hi = torch.searchsorted(sorted_ids, pos_ids, right=True)
+    counts = hi - lo
+    t_idx = torch.repeat_interleave(torch.arange(pos_ids.numel(), device=pos_ids.device), counts)
+    starts = torch.repeat_interleave(lo - (torch.cumsum(counts, 0) - counts), counts)
+    j_idx = order[starts + torch.arange(t_idx.numel(), device=pos_ids.device)]
+    return t_idx, j_idx
+
+
 class SampledSoftmaxLoss(torch.nn.Module):
     """Sampled softmax with logQ correction, accidental-hit masking and a shared negative pool.
 
@@ -111,26 +123,32 @@ class SampledSoftmaxLoss(torch.nn.Module):
 
     def _neg_logits(self, q: torch.Tensor, pos_ids: torch.Tensor, s: NegativeSample,
                     emb: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        """Corrected, masked negative logits: ``[T, R]`` (shared) or ``[T, K]`` (per token)."""
+        """Corrected, masked negative logits: ``[T, R]`` (shared) or ``[T, K]`` (per token).
+
+        ``q`` is already divided by the temperature.
+        """
         n = self._norm(emb)
         if s.shared:
+            bias = -s.log_q.to(q.dtype) if self.logq_correction else None
             if self.half_dtype is not None:
                 logits = half_logits(q, n, self.half_dtype, self.per_row_scale)
+                if bias is not None:
+                    logits = logits + bias
+            elif bias is not None:
+                logits = torch.addmm(bias[None, :], q, n.t())  # GEMM + correction, one pass
             else:
                 logits = q @ n.t()
-            logits = logits / self.temperature
-            ids = s.ids.to(pos_ids.device)[None, :]
-            log_q = s.log_q[None, :]
+            # accidental hits are few: find them by binary search, not a dense [T, R] compare
+            t_idx, j_idx = _pool_hits(s.ids.to(pos_ids.device), pos_ids)
+            logits = logits.index_put((t_idx, j_idx), logits.new_tensor(MASKED_LOGIT))
         else:
-            logits = torch.einsum("td,tkd->tk", q, n) / self.temperature
-            ids = s.ids
-            log_q = s.log_q
-        if self.logq_correction:
-            logits = logits - log_q.to(logits.dtype)
-        hit = ids == pos_ids[:, None]
+            logits = torch.einsum("td,tkd->tk", q, n)
+            if self.logq_correction:
+                logits = logits - s.log_q.to(logits.dtype)
+            logits = logits.masked_fill(s.ids == pos_ids[:, None], MASKED_LOGIT)
         if mask is not None:
-            hit = hit | mask
-        return logits.masked_fill(hit, MASKED_LOGIT)
+            logits = logits.masked_fill(mask, MASKED_LOGIT)
+        return logits
 
     def forward(self, query: torch.Tensor, pos_ids: torch.Tensor, pos_emb: torch.Tensor,
                 negatives: NegativeSample, neg_emb: torch.Tensor,
@@ -188,8 +206,8 @@ class SampledSoftmaxLoss(torch.nn.Module):
                 neg_mask = neg_mask[rows]
 
         pos_ids = pos_ids.to(torch.int64)
-        q = self._norm(query)
-        pos = (q * self._norm(pos_emb)).sum(-1) / self.temperature
+        q = self._norm(query) * (1.0 / self.temperature)
+        pos = (q * self._norm(pos_emb)).sum(-1)
         if self.logq_correction and self.correct_positive:
             if self.validate and pos.numel() and not bool(torch.isfinite(negatives.pos_log_q).all()):
                 raise ValueError("negatives.pos_log_q: not finite; a positive the sampler can never "
