@@ -11,7 +11,7 @@ PIP_FLAGS  := --disable-pip-version-check --progress-bar off
 TORCH_PIN  := torch==2.13.0
 STAMP_DEPS := $(VENV)/.deps-stamp
 STAMP_BUILD:= $(VENV)/.build-stamp
-CSRC       := $(wildcard csrc/*.cpp csrc/*.h)
+CSRC       := $(wildcard csrc/*.cpp csrc/*.h csrc/simnpu/*.cpp csrc/simnpu/*.h)
 PYTEST_ARGS ?=
 
 .PHONY: all setup build demo test test-fast bench clean distclean

@@ -27,7 +27,18 @@ def _ext_modules():
         extra_compile_args=["-O3", "-fopenmp", "-std=c++17"],
         extra_link_args=["-fopenmp"],
     )
-    return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}
+    # test infrastructure: the simulated NPU (PrivateUse1 over host memory), loaded only by
+    # torchrec_ascend.testing.simulated_npu.enable()
+    simnpu_sources = sorted(
+        os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "csrc", "simnpu", "*.cpp"))
+    )
+    simnpu = CppExtension(
+        name="torchrec_ascend._simnpu",
+        sources=simnpu_sources,
+        include_dirs=[os.path.join(ROOT, "csrc", "simnpu")],
+        extra_compile_args=["-O2"],
+    )
+    return [ext, simnpu], {"build_ext": BuildExtension.with_options(use_ninja=True)}
 
 
 ext_modules, cmdclass = _ext_modules()

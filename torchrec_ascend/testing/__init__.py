@@ -1,0 +1,8 @@
+"""Test infrastructure: the simulated NPU and helpers for multi-process (gloo) tests.
+
+Nothing here is imported by ``import torchrec_ascend``; tests import it explicitly.
+"""
+
+from __future__ import annotations
+
+__all__ = ["simulated_npu", "multiprocess"]
