@@ -495,3 +495,157 @@ def test_ours_is_what_runs_in_these_tests():
     for s in registry.all_specs():
         if "embedding" in s.name:
             assert registry.choose(s.name, "cpu")[0] == "reference", s.name
+
+
+# --------------------------------------------------------------------------- TorchRec, forced backend
+
+
+def _torchrec_train(kind, sharding, optim, steps=3, seed=0):
+    """Build a tiny sharded EBC/EC (DMP on the current 1-process group), train ``steps`` steps.
+    Returns (losses, {table: weights}, [optimizer state tensors])."""
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig
+    from torchrec import KeyedJaggedTensor
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.modules.embedding_configs import PoolingType
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    import torch.distributed as dist
+
+    torch.manual_seed(seed)
+    if kind == "ebc":
+        m = EmbeddingBagCollection(tables=[
+            EmbeddingBagConfig(name="t0", embedding_dim=4, num_embeddings=11, feature_names=["f0"]),
+            EmbeddingBagConfig(name="t1", embedding_dim=8, num_embeddings=7, feature_names=["f1"],
+                               pooling=PoolingType.MEAN)], device=torch.device("meta"))
+        sharder = EmbeddingBagCollectionSharder()
+    else:
+        m = EmbeddingCollection(tables=[
+            EmbeddingConfig(name="t0", embedding_dim=4, num_embeddings=11, feature_names=["f0"]),
+            EmbeddingConfig(name="t1", embedding_dim=4, num_embeddings=7, feature_names=["f1"])],
+            device=torch.device("meta"))
+        sharder = EmbeddingCollectionSharder()
+    if sharding == "table_wise":
+        apply_optimizer_in_backward(optim[0], m.parameters(), dict(optim[1]))  # it adds keys
+        kernel = EmbeddingComputeKernel.FUSED.value
+    else:
+        kernel = EmbeddingComputeKernel.DENSE.value
+    cons = {t: ParameterConstraints(sharding_types=[sharding], compute_kernels=[kernel]) for t in ("t0", "t1")}
+    plan = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu"), constraints=cons
+                                    ).collective_plan(m, [sharder], dist.GroupMember.WORLD)
+    dmp = DistributedModelParallel(m, device=torch.device("cpu"), plan=plan, sharders=[sharder])
+    dense_opt = torch.optim.SGD([p for p in dmp.parameters() if p.requires_grad], lr=0.1) \
+        if sharding == "data_parallel" else None
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    losses = []
+    for _ in range(steps):
+        lengths = torch.randint(0, 4, (6,), generator=gen)
+        lengths[0] = 0
+        n0 = int(lengths[:3].sum())
+        values = torch.cat([torch.randint(0, 11, (n0,), generator=gen),
+                            torch.randint(0, 7, (int(lengths.sum()) - n0,), generator=gen)])
+        kjt = KeyedJaggedTensor(keys=["f0", "f1"], values=values, lengths=lengths)
+        out = dmp(kjt)
+        if kind == "ebc":
+            vals = out.values()
+            loss = (vals * torch.randn(vals.shape, generator=gen)).sum()
+        else:
+            loss = sum((out[f].values() * torch.randn(out[f].values().shape, generator=gen)).sum()
+                       for f in ("f0", "f1"))
+        loss.backward()
+        if dense_opt is not None:
+            dense_opt.step()
+            dense_opt.zero_grad()
+        losses.append(float(loss))
+    weights, states = {}, []
+    for k, v in dmp.state_dict().items():
+        t = v.local_shards()[0].tensor if hasattr(v, "local_shards") else v
+        weights[k] = t.detach().clone()
+    if sharding == "table_wise":
+        for _, st in sorted(dmp.fused_optimizer.state_dict()["state"].items()):
+            for _, v in sorted(st.items()):
+                t = v.local_shards()[0].tensor if hasattr(v, "local_shards") else v
+                if isinstance(t, torch.Tensor):
+                    states.append(t.detach().clone())
+    return losses, weights, states
+
+
+@pytest.fixture(scope="module")
+def _process_group(tmp_path_factory):
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    store = tmp_path_factory.mktemp("pg") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _optims():
+    from torchrec.optim import RowWiseAdagrad
+
+    return {
+        "sgd": (torch.optim.SGD, {"lr": 0.1}),
+        "adagrad": (torch.optim.Adagrad, {"lr": 0.1, "eps": 1e-8}),
+        "rowwise_adagrad": (RowWiseAdagrad, {"lr": 0.1, "eps": 1e-8}),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["ebc", "ec"])
+@pytest.mark.parametrize("opt", ["sgd", "adagrad", "rowwise_adagrad"])
+def test_torchrec_fused_training_same_with_our_kernels(_process_group, kind, opt, monkeypatch):
+    """TorchRec FUSED table-wise training, 3 steps: fbgemm's CPU kernels vs ours forced in their
+    place (every fbgemm op we register, replace_fbgemm=True).  Tolerance: 1e-5 (fp32, sums in a
+    different order)."""
+    optim = _optims()[opt]
+    calls = []
+    real_row_grads = R.row_grads
+    monkeypatch.setattr(R, "row_grads", lambda *a, **k: calls.append(1) or real_row_grads(*a, **k))
+    l_fb, w_fb, s_fb = _torchrec_train(kind, "table_wise", optim)
+    assert not calls, "fbgemm's run must not touch our kernels"
+    with ops.use_backend("reference", replace_fbgemm=True):
+        l_ta, w_ta, s_ta = _torchrec_train(kind, "table_wise", optim)
+    assert len(calls) >= 3, "our fused backward did not run under replace_fbgemm"
+    assert len(w_fb) == 2 and len(s_fb) == (0 if opt == "sgd" else 2)
+    torch.testing.assert_close(torch.tensor(l_ta), torch.tensor(l_fb), rtol=1e-5, atol=1e-5)
+    for k in w_fb:
+        torch.testing.assert_close(w_ta[k], w_fb[k], rtol=1e-5, atol=1e-5, msg=k)
+    for a, b in zip(s_ta, s_fb):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    # the training really moved the tables
+    _, w0, _ = _torchrec_train(kind, "table_wise", optim, steps=0)
+    assert any(not torch.equal(w0[k], w_fb[k]) for k in w_fb)
+
+
+@pytest.mark.slow
+def test_torchrec_data_parallel_embedding_collection_works_with_ours(_process_group):
+    """DATA_PARALLEL EmbeddingCollection: fbgemm-gpu-cpu 1.8.0's dense lookup pools sequence
+    tables and TorchRec fails; with ours it trains like a float64 per-index lookup + SGD."""
+    _, w0, _ = _torchrec_train("ec", "data_parallel", None, steps=0)
+    with ops.use_backend("reference", ops=["dense_embedding_codegen_lookup_function"], replace_fbgemm=True):
+        losses, w1, _ = _torchrec_train("ec", "data_parallel", None, steps=1)
+    # replay the one step by hand: loss = sum_f <rows of f's ids, c_f>, grad of row = sum of its c
+    gen = torch.Generator().manual_seed(1)
+    lengths = torch.randint(0, 4, (6,), generator=gen)
+    lengths[0] = 0
+    n0 = int(lengths[:3].sum())
+    values = torch.cat([torch.randint(0, 11, (n0,), generator=gen),
+                        torch.randint(0, 7, (int(lengths.sum()) - n0,), generator=gen)])
+    k0, k1 = sorted(w0)
+    tables = {"f0": w0[k0].double(), "f1": w0[k1].double()}
+    ids = {"f0": values[:n0], "f1": values[n0:]}
+    loss, want = 0.0, {f: t.clone() for f, t in tables.items()}
+    for f in ("f0", "f1"):
+        c = torch.randn((ids[f].numel(), 4), generator=gen).double()
+        loss += float((tables[f][ids[f]] * c).sum())
+        want[f].index_add_(0, ids[f], -0.1 * c)
+    assert losses[0] == pytest.approx(loss, rel=1e-5, abs=1e-5)
+    torch.testing.assert_close(w1[k0].double(), want["f0"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w1[k1].double(), want["f1"], rtol=1e-5, atol=1e-5)
