@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops._checks import FLOAT_DTYPES, INDEX_DTYPES, check_same_device, check_tensor
-from .quant import half_logits, resolve_half_dtype
+from .quant import COMPUTE_MODES, half_logits, resolve_half_dtype
 from .samplers import NegativeSample
 
 __all__ = ["MASKED_LOGIT", "SampledSoftmaxLoss", "sampled_softmax_loss"]
@@ -88,6 +88,8 @@ class SampledSoftmaxLoss(torch.nn.Module):
         correct_positive: see above (TensorFlow's convention; set False to correct negatives only).
         half_precision: ``None`` (fp32), ``"fp16"`` or ``"bf16"`` for the shared-pool GEMM.
         per_row_scale: ``"auto"``/``True``/``False``: per-row power-of-two scales for fp16 rows.
+        half_compute: ``"auto"`` (half GEMM where the device runs it fast, else fp32 GEMM on the
+            widened half rows: storage-only), ``"half"`` or ``"fp32"`` to force one.
         reduction: ``"mean"`` (over valid tokens), ``"sum"`` or ``"none"`` (``[T_valid]``).
         validate: check values (``pos_log_q`` finite where used), a device sync on npu/cuda.
     """
@@ -95,8 +97,8 @@ class SampledSoftmaxLoss(torch.nn.Module):
     def __init__(self, temperature: float = 0.05, l2_normalize: bool = True,
                  logq_correction: bool = True, correct_positive: bool = True,
                  half_precision: Union[str, torch.dtype, None] = None,
-                 per_row_scale: Union[bool, str] = "auto", reduction: str = "mean",
-                 validate: bool = True) -> None:
+                 per_row_scale: Union[bool, str] = "auto", half_compute: str = "auto",
+                 reduction: str = "mean", validate: bool = True) -> None:
         super().__init__()
         if not (isinstance(temperature, (int, float)) and temperature > 0):
             raise ValueError(f"temperature: must be a number > 0, got {temperature!r}")
@@ -110,6 +112,9 @@ class SampledSoftmaxLoss(torch.nn.Module):
         self.correct_positive = correct_positive
         self.half_dtype = resolve_half_dtype(half_precision)
         self.per_row_scale = per_row_scale
+        if half_compute not in COMPUTE_MODES:
+            raise ValueError(f"half_compute: expected one of {COMPUTE_MODES}, got {half_compute!r}")
+        self.half_compute = half_compute
         self.reduction = reduction
         self.validate = validate
 
@@ -131,7 +136,8 @@ class SampledSoftmaxLoss(torch.nn.Module):
         if s.shared:
             bias = -s.log_q.to(q.dtype) if self.logq_correction else None
             if self.half_dtype is not None:
-                logits = half_logits(q, n, self.half_dtype, self.per_row_scale)
+                logits = half_logits(q, n, self.half_dtype, self.per_row_scale,
+                                     self.half_compute)
                 if bias is not None:
                     logits = logits + bias
             elif bias is not None:

@@ -8,16 +8,19 @@ Power-of-two scales multiply exactly, so scaling adds no rounding error of its o
 fp32's range and never needs a scale.
 
 :func:`half_logits` computes ``a @ b.T`` from such rows with fp32 accumulation and fp32 output.
-Where half-precision GEMM is fast (npu, cuda) it runs in half precision; on CPU half-precision
-GEMM is ~100x slower than fp32 (see DESIGN.md), so the half rows are widened to fp32 and
-multiplied in fp32: the *numerics* of the rows (what was rounded) are identical, only the
-arithmetic unit differs.  :class:`HalfLogits` is the autograd function the loss uses: forward
+Where half-precision GEMM is fast (npu, cuda; on CPU only bf16 with oneDNN AVX512-BF16/AMX, or
+fp16 with AMX-FP16) it runs in half precision; on other CPUs half-precision GEMM is ~100x slower
+than fp32 (see DESIGN.md), so the half rows are widened to fp32 and multiplied in fp32: the
+operands (what was rounded) are identical, only the arithmetic unit differs.  A half GEMM
+accumulates in fp32; where the backend cannot return fp32 (``mm(out_dtype=...)`` exists on cuda
+only) its output is rounded once to the half format and widened.  :class:`HalfLogits` is the autograd function the loss uses: forward
 and backward GEMMs both take half-precision operands, gradients w.r.t. the fp32 inputs are
 returned in fp32 (the rounding is treated as identity, i.e. a straight-through estimator).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
@@ -30,6 +33,7 @@ __all__ = [
     "QuantizedRows",
     "resolve_half_dtype",
     "half_gemm_is_fast",
+    "COMPUTE_MODES",
     "quantize_rows",
     "half_mm",
     "HalfLogits",
@@ -56,9 +60,39 @@ def resolve_half_dtype(half_precision: Union[str, torch.dtype, None]) -> Optiona
     return HALF_DTYPES[half_precision]
 
 
-def half_gemm_is_fast(device: Union[str, torch.device]) -> bool:
-    """Whether half-precision GEMM is the fast path on ``device`` (npu/cuda yes, cpu no)."""
-    return _device.has_streams(device)
+@functools.lru_cache(maxsize=None)
+def _cpu_half_gemm_supported(dtype: torch.dtype) -> bool:
+    """oneDNN has native bf16 (AVX512-BF16 / AMX) or fp16 (AMX-FP16) GEMM on this CPU."""
+    try:
+        if not torch.backends.mkldnn.is_available():
+            return False
+        if dtype == torch.bfloat16:
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def half_gemm_is_fast(device: Union[str, torch.device], dtype: torch.dtype = torch.float16) -> bool:
+    """Whether half-precision GEMM of ``dtype`` is a fast path on ``device``.
+
+    npu/cuda: yes.  cpu: only where oneDNN has native support (bf16 with AVX512-BF16 or AMX,
+    fp16 with AMX-FP16); plain AVX2 CPUs run half GEMM ~100x slower than fp32.
+    """
+    if _device.has_streams(device):
+        return True
+    return _cpu_half_gemm_supported(dtype)
+
+
+COMPUTE_MODES = ("auto", "half", "fp32")
+
+
+def _use_half_compute(compute: str, device: torch.device, dtype: torch.dtype) -> bool:
+    if compute not in COMPUTE_MODES:
+        raise ValueError(f"compute: expected one of {COMPUTE_MODES}, got {compute!r}")
+    if compute == "auto":
+        return half_gemm_is_fast(device, dtype)
+    return compute == "half"
 
 
 @dataclass
@@ -114,21 +148,36 @@ def quantize_rows(x: torch.Tensor, dtype: torch.dtype,
     return QuantizedRows((x.float() / scale[:, None]).to(dtype), scale)
 
 
-def half_mm(a: QuantizedRows, b: QuantizedRows, transpose_b: bool = True) -> torch.Tensor:
+_NO_OUT_DTYPE: set = set()  # device types whose mm has no fp32-output half GEMM
+
+
+def _half_gemm_fp32_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` of half tensors, fp32 accumulation; fp32 output where the backend has it
+    (``mm(..., out_dtype=float32)``, cuda), else the half output widened (one rounding)."""
+    kind = a.device.type
+    if kind not in _NO_OUT_DTYPE:
+        try:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        except (RuntimeError, TypeError, NotImplementedError):
+            _NO_OUT_DTYPE.add(kind)
+    return torch.mm(a, b).float()
+
+
+def half_mm(a: QuantizedRows, b: QuantizedRows, transpose_b: bool = True,
+            compute: str = "auto") -> torch.Tensor:
     """fp32 ``A @ B.T`` (or ``A @ B``) of quantized rows: half operands, fp32 accumulation.
 
+    ``compute``: ``"half"`` runs a half-precision GEMM (see :func:`_half_gemm_fp32_out`),
+    ``"fp32"`` widens the rows and multiplies in fp32 (same operands, exact fp32 products),
+    ``"auto"`` picks ``"half"`` where :func:`half_gemm_is_fast`.
     Scales are applied to the fp32 product (row scale of ``a`` on rows; for ``transpose_b`` the
     row scale of ``b`` on columns, else ``b`` must be unscaled).
     """
     bd = b.data.t() if transpose_b else b.data
     if not transpose_b and b.scale is not None:
         raise ValueError("b: a row-scaled right operand needs transpose_b=True")
-    if half_gemm_is_fast(a.data.device):
-        try:
-            out = torch.mm(a.data, bd, out_dtype=torch.float32)
-        except (RuntimeError, TypeError, NotImplementedError):
-            # no fp32-output half GEMM on this backend: half output, still fp32-accumulated
-            out = torch.mm(a.data, bd).float()
+    if _use_half_compute(compute, a.data.device, a.data.dtype):
+        out = _half_gemm_fp32_out(a.data, bd)
     else:
         out = torch.mm(a.data.float(), bd.float())
     if a.scale is not None:
@@ -143,16 +192,16 @@ class HalfLogits(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, n: torch.Tensor, dtype: torch.dtype,
-                per_row_scale: Union[bool, str]) -> torch.Tensor:
+                per_row_scale: Union[bool, str], compute: str) -> torch.Tensor:
         qq = quantize_rows(q, dtype, per_row_scale)
         nq = quantize_rows(n, dtype, per_row_scale)
-        ctx.dtype, ctx.per_row_scale = dtype, per_row_scale
+        ctx.dtype, ctx.per_row_scale, ctx.compute = dtype, per_row_scale, compute
         ctx.q_dtype, ctx.n_dtype = q.dtype, n.dtype
         # saved for backward in half precision: the memory this path saves
         ctx.save_for_backward(qq.data, nq.data,
                               *(s if s is not None else torch.empty(0) for s in (qq.scale, nq.scale)))
         ctx.has_scale = (qq.scale is not None, nq.scale is not None)
-        return half_mm(qq, nq)
+        return half_mm(qq, nq, compute=compute)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
@@ -165,16 +214,23 @@ class HalfLogits(torch.autograd.Function):
             # dQ = G @ N_deq = (G * sn) @ Nd: fold n's column scales into G, then quantize G rows
             g = grad if nq.scale is None else grad * nq.scale[None, :]
             gq = quantize_rows(g, ctx.dtype, ctx.per_row_scale)
-            gq_out = half_mm(gq, QuantizedRows(nq.data, None), transpose_b=False).to(ctx.q_dtype)
+            gq_out = half_mm(gq, QuantizedRows(nq.data, None), transpose_b=False,
+                             compute=ctx.compute).to(ctx.q_dtype)
         if ctx.needs_input_grad[1]:
             # dN = G.T @ Q_deq = (G.T * sq) @ Qd
             gt = grad.t() if qq.scale is None else grad.t() * qq.scale[None, :]
             gtq = quantize_rows(gt.contiguous(), ctx.dtype, ctx.per_row_scale)
-            gn_out = half_mm(gtq, QuantizedRows(qq.data, None), transpose_b=False).to(ctx.n_dtype)
-        return gq_out, gn_out, None, None
+            gn_out = half_mm(gtq, QuantizedRows(qq.data, None), transpose_b=False,
+                             compute=ctx.compute).to(ctx.n_dtype)
+        return gq_out, gn_out, None, None, None
 
 
 def half_logits(q: torch.Tensor, n: torch.Tensor, dtype: torch.dtype,
-                per_row_scale: Union[bool, str] = "auto") -> torch.Tensor:
-    """fp32 logits ``q [T, D] @ n [R, D].T`` from half-precision operands (autograd-aware)."""
-    return HalfLogits.apply(q, n, dtype, per_row_scale)
+                per_row_scale: Union[bool, str] = "auto", compute: str = "auto") -> torch.Tensor:
+    """fp32 logits ``q [T, D] @ n [R, D].T`` from half-precision operands (autograd-aware).
+
+    ``compute``: ``"auto"`` (half GEMM where fast, else fp32 on the widened rows), ``"half"``,
+    ``"fp32"``.
+    """
+    _use_half_compute(compute, q.device, dtype)  # validates ``compute``
+    return HalfLogits.apply(q, n, dtype, per_row_scale, compute)
