@@ -87,23 +87,65 @@ class _Layout:
             self.D_t = torch.full((T,), int(D), dtype=torch.int64, device=dev)
             self.D_begin = torch.zeros_like(self.t)
         self.D = self.D_t[self.t]
+        # one dim for every feature (a host-side check on a [T] tensor): enables the row fast path
+        self.uniform = D_offsets is None or bool((self.D_t == self.D_t[:1]).all()) if T > 0 else True
+        self.w_aligned = _aligned(self.uniform, weights_offsets, int(self.D_t[0])) if T > 0 else False
         self.idx = indices.to(torch.int64)
         self.start = weights_offsets.to(torch.int64)[self.t] + self.idx * self.D
         lengths = offs[1:TB + 1] - offs[:TB]
         self.L = lengths[self.bag] if TB > 0 else torch.zeros_like(pos)
 
 
-def _rows(flat: torch.Tensor, start: torch.Tensor, D: torch.Tensor, max_D: int, valid=None):
-    """Gather rows ``flat[start + d]`` for ``d < D`` into ``[len(start), max_D]`` (0 elsewhere).
+class _Rows:
+    """Rows ``flat[start[i] + d]`` for ``d < D[i]``, read as ``values [len(start), max_D]`` (0 past
+    ``D[i]`` and for rows with ``valid == False``), and written back with :meth:`store` /
+    :meth:`accumulate`.
 
-    Returns (rows, positions, mask); masked positions are clamped to 0 for the gather."""
-    cols = torch.arange(max_D, device=start.device, dtype=torch.int64)
-    mask = cols[None, :] < D[:, None]
-    if valid is not None:
-        mask = mask & valid[:, None]
-    pos = torch.where(mask, start[:, None] + cols[None, :], 0)
-    rows = flat[pos.reshape(-1)].reshape(pos.shape) if flat.numel() > 0 else flat.new_zeros(pos.shape)
-    return rows * mask.to(rows.dtype), pos, mask
+    ``aligned``: every row is a whole row of ``flat.view(-1, max_D)`` (one dim for all tables,
+    offsets multiples of it): then rows move with index_select / index_copy_ (fast path);
+    otherwise element positions ``[len(start), max_D]`` are gathered under a mask."""
+
+    def __init__(self, flat, start, D, max_D: int, valid=None, aligned: bool = False):
+        self.flat, self.max_D = flat, int(max_D)
+        n = start.shape[0]
+        self.fast = aligned and self.max_D > 0 and flat.numel() % self.max_D == 0
+        if self.fast:
+            self.row = torch.div(start, self.max_D, rounding_mode="floor")
+            if valid is not None:
+                self.row = torch.where(valid, self.row, 0)
+                self.mask = valid[:, None].expand(n, self.max_D)
+            else:
+                self.mask = None
+            view = flat.view(-1, self.max_D)
+            vals = view.index_select(0, self.row) if flat.numel() else flat.new_zeros(n, self.max_D)
+        else:
+            cols = torch.arange(self.max_D, device=start.device, dtype=torch.int64)
+            self.mask = cols[None, :] < D[:, None]
+            if valid is not None:
+                self.mask = self.mask & valid[:, None]
+            self.pos = torch.where(self.mask, start[:, None] + cols[None, :], 0)
+            vals = flat[self.pos.reshape(-1)].reshape(self.pos.shape) if flat.numel() else \
+                flat.new_zeros(self.pos.shape)
+        self.values = vals if self.mask is None else vals * self.mask.to(vals.dtype)
+
+    def store(self, new: torch.Tensor) -> None:
+        """Write ``new`` into the (distinct, valid) rows."""
+        if self.fast:
+            self.flat.view(-1, self.max_D).index_copy_(0, self.row, new.to(self.flat.dtype))
+        else:
+            self.flat.index_put_((self.pos[self.mask],), new[self.mask].to(self.flat.dtype))
+
+    def accumulate(self, new: torch.Tensor) -> None:
+        """Add ``new`` into the rows (duplicates add up)."""
+        if self.fast:
+            self.flat.view(-1, self.max_D).index_add_(0, self.row, new.to(self.flat.dtype))
+        else:
+            self.flat.index_put_((self.pos[self.mask],), new[self.mask].to(self.flat.dtype), accumulate=True)
+
+
+def _aligned(uniform: bool, offsets: torch.Tensor, D: int) -> bool:
+    """One dim for all tables and every table (state) offset a multiple of it."""
+    return uniform and bool((offsets.to(torch.int64) % int(D) == 0).all())
 
 
 def _scale(lay: _Layout, indice_weights: Optional[torch.Tensor], pooling_mode: int, acc) -> torch.Tensor:
@@ -122,23 +164,32 @@ def pooled_forward(weights, weights_offsets, D_offsets, total_D: int, max_D: int
     """Pooled lookup ``[B, total_D]``: bag sum (or mean) of rows, times per-sample weights."""
     acc = _acc(weights.dtype)
     lay = _Layout(weights_offsets, D_offsets, None, indices, offsets)
-    out_flat = torch.zeros(lay.B * int(total_D) + 1, dtype=acc, device=weights.device)
-    if lay.N > 0 and lay.B > 0:
-        rows, _, mask = _rows(weights, lay.start, lay.D, int(max_D), lay.valid)
-        vals = rows.to(acc) * _scale(lay, indice_weights, pooling_mode, acc)[:, None]
-        cols = torch.arange(int(max_D), device=weights.device, dtype=torch.int64)
-        dst = lay.b[:, None] * int(total_D) + lay.D_begin[:, None] + cols[None, :]
-        dst = torch.where(mask, dst, lay.B * int(total_D))  # masked -> the spare last slot
+    max_D, total_D = int(max_D), int(total_D)
+    if lay.N == 0 or lay.B == 0:
+        return torch.zeros(lay.B, total_D, dtype=output_dtype_of(weights, output_dtype), device=weights.device)
+    rows = _Rows(weights, lay.start, lay.D, max_D, lay.valid, lay.w_aligned)
+    vals = rows.values.to(acc) * _scale(lay, indice_weights, pooling_mode, acc)[:, None]
+    if lay.uniform and total_D == lay.T * max_D:
+        # output row b holds features t = 0..T-1 side by side: accumulate into [B*T (+1 spare), D]
+        out = torch.zeros(lay.B * lay.T + 1, max_D, dtype=acc, device=weights.device)
+        dst = torch.where(lay.valid, lay.b * lay.T + lay.t, lay.B * lay.T)
+        out.index_add_(0, dst, vals)
+        out = out[:-1].reshape(lay.B, total_D)
+    else:
+        out_flat = torch.zeros(lay.B * total_D + 1, dtype=acc, device=weights.device)
+        cols = torch.arange(max_D, device=weights.device, dtype=torch.int64)
+        dst = lay.b[:, None] * total_D + lay.D_begin[:, None] + cols[None, :]
+        dst = torch.where(rows.mask, dst, lay.B * total_D)  # masked -> the spare last slot
         out_flat.index_add_(0, dst.reshape(-1), vals.reshape(-1))
-    out = out_flat[:-1].reshape(lay.B, int(total_D))
+        out = out_flat[:-1].reshape(lay.B, total_D)
     return out.to(output_dtype_of(weights, output_dtype))
 
 
 def nobag_forward(weights, weights_offsets, D: int, indices, offsets, output_dtype: int = 0) -> torch.Tensor:
     """Sequence lookup (no pooling) ``[N, D]``: row of each index (zero for indices in no bag)."""
     lay = _Layout(weights_offsets, None, D, indices, offsets)
-    rows, _, _ = _rows(weights, lay.start, lay.D, int(D), lay.valid)
-    return rows.to(output_dtype_of(weights, output_dtype))
+    rows = _Rows(weights, lay.start, lay.D, int(D), lay.valid, lay.w_aligned)
+    return rows.values.to(output_dtype_of(weights, output_dtype))
 
 
 def _index_grads(grad_output, lay: _Layout, max_D: int, pooling_mode: int, indice_weights, nobag: bool):
@@ -146,12 +197,12 @@ def _index_grads(grad_output, lay: _Layout, max_D: int, pooling_mode: int, indic
     acc = _acc(grad_output.dtype)
     g = grad_output.to(acc)
     if nobag:
-        cols = torch.arange(int(max_D), device=g.device)
-        mask = (cols[None, :] < lay.D[:, None]) & lay.valid[:, None]
-        return g.reshape(lay.N, -1)[:, : int(max_D)] * mask.to(acc)
+        g = g.reshape(lay.N, -1)[:, : int(max_D)]
+        return g * lay.valid[:, None].to(acc)
     start = lay.b * g.shape[1] + lay.D_begin
-    rows, _, _ = _rows(g.reshape(-1), start, lay.D, int(max_D), lay.valid)
-    return rows * _scale(lay, indice_weights, pooling_mode, acc)[:, None]
+    aligned = lay.uniform and g.shape[1] == lay.T * int(max_D)
+    rows = _Rows(g.reshape(-1), start, lay.D, int(max_D), lay.valid, aligned)
+    return rows.values * _scale(lay, indice_weights, pooling_mode, acc)[:, None]
 
 
 def grad_indice_weights(grad_output, weights, weights_offsets, D_offsets, max_D: int, indices, offsets,
@@ -163,8 +214,8 @@ def grad_indice_weights(grad_output, weights, weights_offsets, D_offsets, max_D:
     if lay.N == 0 or lay.B == 0:
         return torch.zeros(lay.N, dtype=acc, device=indices.device)
     g = _index_grads(grad_output, lay, max_D, pooling_mode, None, nobag=False)
-    rows, _, _ = _rows(weights, lay.start, lay.D, int(max_D), lay.valid)
-    out = (g * rows.to(acc)).sum(1)
+    rows = _Rows(weights, lay.start, lay.D, int(max_D), lay.valid, lay.w_aligned)
+    out = (g * rows.values.to(acc)).sum(1)
     if feature_requires_grad is not None and feature_requires_grad.numel() > 0:
         out = out * (feature_requires_grad.to(torch.int64)[lay.t] != 0).to(acc)
     return out
@@ -173,10 +224,21 @@ def grad_indice_weights(grad_output, weights, weights_offsets, D_offsets, max_D:
 class RowGrads:
     """Gradients summed per distinct row (duplicates across bags and features merged, as the
     "exact" fbgemm optimizers do).  ``[U]``: start (flat row start in weights), t (a feature
-    that owns the row), idx (local row id), D; ``[U, max_D]``: grad, mask."""
+    that owns the row), idx (local row id), D; ``[U, max_D]``: grad, mask; ``uniform``: one dim
+    for all features; ``w_aligned``: rows are whole rows of ``weights.view(-1, D)``."""
 
-    def __init__(self, start, t, idx, D, grad, mask):
+    def __init__(self, start, t, idx, D, grad, mask, uniform, w_aligned):
         self.start, self.t, self.idx, self.D, self.grad, self.mask = start, t, idx, D, grad, mask
+        self.uniform, self.w_aligned = uniform, w_aligned
+
+    def weights(self, weights: torch.Tensor) -> _Rows:
+        return _Rows(weights, self.start, self.D, self.grad.shape[1], aligned=self.w_aligned)
+
+    def state(self, state: torch.Tensor, state_offsets: torch.Tensor) -> _Rows:
+        """An element-wise state laid out like the weights, from its own per-feature offsets."""
+        start = state_offsets.to(torch.int64)[self.t] + self.idx * self.D
+        return _Rows(state, start, self.D, self.grad.shape[1],
+                     aligned=_aligned(self.uniform, state_offsets, self.grad.shape[1]))
 
 
 def row_grads(grad_output, weights_offsets, D_offsets, D: Optional[int], max_D: int, indices, offsets,
@@ -195,29 +257,22 @@ def row_grads(grad_output, weights_offsets, D_offsets, D: Optional[int], max_D: 
     Du = lay.D_t[t]
     cols = torch.arange(max_D, device=g.device)
     mask = cols[None, :] < Du[:, None]
-    return RowGrads(uniq, t, idx, Du, grad, mask)
-
-
-def _store(flat: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, new: torch.Tensor) -> None:
-    flat.index_put_((pos[mask],), new[mask].to(flat.dtype))
+    return RowGrads(uniq, t, idx, Du, grad, mask, lay.uniform, lay.w_aligned)
 
 
 def apply_sgd(weights: torch.Tensor, rg: RowGrads, lr: torch.Tensor) -> None:
     """``w -= lr * g`` on every touched row, in place."""
-    w, pos, mask = _rows(weights, rg.start, rg.D, rg.grad.shape[1])
-    _store(weights, pos, mask, w.to(rg.grad.dtype) - lr.to(rg.grad.dtype) * rg.grad)
+    w = rg.weights(weights)
+    w.store(w.values.to(rg.grad.dtype) - lr.to(rg.grad.dtype) * rg.grad)
 
 
 def apply_adagrad(weights, momentum1, momentum1_offsets, rg: RowGrads, lr, eps: float) -> None:
     """Exact (element-wise) Adagrad: ``m += g*g; w -= lr * g / (sqrt(m) + eps)``, in place."""
     acc = rg.grad.dtype
-    max_D = rg.grad.shape[1]
-    w, pos, mask = _rows(weights, rg.start, rg.D, max_D)
-    m_start = momentum1_offsets.to(torch.int64)[rg.t] + rg.idx * rg.D
-    m, m_pos, _ = _rows(momentum1, m_start, rg.D, max_D)
-    m = m.to(acc) + rg.grad * rg.grad
-    _store(momentum1, m_pos, mask, m)
-    _store(weights, pos, mask, w.to(acc) - lr.to(acc) * rg.grad / (torch.sqrt(m) + eps))
+    w, m = rg.weights(weights), rg.state(momentum1, momentum1_offsets)
+    m_new = m.values.to(acc) + rg.grad * rg.grad
+    m.store(m_new)
+    w.store(w.values.to(acc) - lr.to(acc) * rg.grad / (torch.sqrt(m_new) + eps))
 
 
 def apply_rowwise_adagrad(weights, momentum1, momentum1_offsets, rg: RowGrads, lr, eps: float,
@@ -228,9 +283,8 @@ def apply_rowwise_adagrad(weights, momentum1, momentum1_offsets, rg: RowGrads, l
     (L2), ``1 - lr*wd`` (decoupled, modes 2 and 5) or 1; then rows with norm above
     ``max_norm > 0`` are scaled down to it.  In place."""
     acc = rg.grad.dtype
-    max_D = rg.grad.shape[1]
-    w, pos, mask = _rows(weights, rg.start, rg.D, max_D)
-    w = w.to(acc)
+    rows = rg.weights(weights)
+    w = rows.values.to(acc)
     lr = lr.to(acc)
     g = rg.grad
     g_eff = g + weight_decay * w if int(weight_decay_mode) == 1 else g
@@ -247,9 +301,9 @@ def apply_rowwise_adagrad(weights, momentum1, momentum1_offsets, rg: RowGrads, l
         corr = torch.ones_like(mult)
     w = corr[:, None] * w - mult[:, None] * g
     if max_norm > 0.0:
-        norm = torch.sqrt((w * w * mask.to(acc)).sum(1))
+        norm = torch.sqrt((w * w * rg.mask.to(acc)).sum(1))
         w = w * torch.where(norm > max_norm, max_norm / norm, torch.ones_like(norm))[:, None]
-    _store(weights, pos, mask, w)
+    rows.store(w)
 
 
 def apply_adam(weights, momentum1, momentum1_offsets, momentum2, momentum2_offsets, rg: RowGrads, lr,
@@ -258,20 +312,18 @@ def apply_adam(weights, momentum1, momentum1_offsets, momentum2, momentum2_offse
     ``m2 = b2*m2 + (1-b2)*g^2``, ``w -= lr * (m1/(1-b1^iter) / (sqrt(m2/(1-b2^iter)) + eps)
     + wd*w)`` with ``iter`` the 1-based step.  In place."""
     acc = rg.grad.dtype
-    max_D = rg.grad.shape[1]
-    w, pos, mask = _rows(weights, rg.start, rg.D, max_D)
-    w = w.to(acc)
+    rows = rg.weights(weights)
+    w = rows.values.to(acc)
     g = rg.grad
-    m1, m1_pos, _ = _rows(momentum1, momentum1_offsets.to(torch.int64)[rg.t] + rg.idx * rg.D, rg.D, max_D)
-    m2, m2_pos, _ = _rows(momentum2, momentum2_offsets.to(torch.int64)[rg.t] + rg.idx * rg.D, rg.D, max_D)
-    m1 = beta1 * m1.to(acc) + (1.0 - beta1) * g
-    m2 = beta2 * m2.to(acc) + (1.0 - beta2) * g * g
-    _store(momentum1, m1_pos, mask, m1)
-    _store(momentum2, m2_pos, mask, m2)
+    s1, s2 = rg.state(momentum1, momentum1_offsets), rg.state(momentum2, momentum2_offsets)
+    m1 = beta1 * s1.values.to(acc) + (1.0 - beta1) * g
+    m2 = beta2 * s2.values.to(acc) + (1.0 - beta2) * g * g
+    s1.store(m1)
+    s2.store(m2)
     c1 = 1.0 - beta1 ** int(iter)
     c2 = 1.0 - beta2 ** int(iter)
     upd = (m1 / c1) / (torch.sqrt(m2 / c2) + eps) + weight_decay * w
-    _store(weights, pos, mask, w - lr.to(acc) * upd)
+    rows.store(w - lr.to(acc) * upd)
 
 
 # --------------------------------------------------------------------------- dense (data parallel)
@@ -293,8 +345,7 @@ def dense_lookup_backward(grad_output, dev_weights, weights_offsets, D_offsets, 
     rg = row_grads(grad_output, weights_offsets, None if nobag else D_offsets, int(max_D), int(max_D),
                    indices, offsets, pooling_mode, indice_weights)
     gw = torch.zeros_like(dev_weights)
-    _, pos, mask = _rows(gw, rg.start, rg.D, rg.grad.shape[1])
-    gw.index_put_((pos[mask],), rg.grad[mask].to(gw.dtype), accumulate=True)
+    rg.weights(gw).accumulate(rg.grad)
     giw = None
     if indice_weights is not None and indice_weights.numel() > 0 and not nobag:
         giw = grad_indice_weights(grad_output, dev_weights, weights_offsets, D_offsets, max_D, indices,
