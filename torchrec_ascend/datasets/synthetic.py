@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
-_WRITE = pcsv.WriteOptions(quoting_style="none")  # like the official files: no quotes
+_WRITE = pcsv.WriteOptions(quoting_style="none", quoting_header="none")  # like the official files: no quotes
 
 from .schema import LOG_COLUMNS, USER_FEATURE_COLUMNS, VIDEO_FEATURE_COLUMNS
 
