@@ -44,22 +44,16 @@ def oracle(q, k, v, offsets, alpha, max_seq_len, by_len, num_targets, c, pos_w, 
         nt = int(num_targets[b]) if num_targets is not None else 0
         if n == 0:
             continue
+        mask = torch.tensor([[float(_allowed(i, j, n, nt, c)) for j in range(n)] for i in range(n)],
+                            dtype=torch.float64)
         bias = torch.zeros(n, n, dtype=torch.float64)
-        mask = torch.zeros(n, n, dtype=torch.float64)
-        terms = []
-        for i in range(n):
-            row = []
-            for j in range(n):
-                mask[i, j] = float(_allowed(i, j, n, nt, c))
-                t = 0.0
-                if pos_w is not None:
-                    t = t + pos_w[max_seq_len - 1 + j - i]
-                if ts_w is not None:
-                    dt = int(ts[s0 + min(i + 1, n - 1)]) - int(ts[s0 + j])
-                    t = t + ts_w[_bucket(dt, ts_w.numel() - 1)]
-                row.append(t if isinstance(t, torch.Tensor) else torch.tensor(t, dtype=torch.float64))
-            terms.append(torch.stack(row))
-        bias = torch.stack(terms)  # [n, n], differentiable w.r.t. the tables
+        if pos_w is not None:
+            bias = bias + pos_w[torch.tensor([[max_seq_len - 1 + j - i for j in range(n)] for i in range(n)])]
+        if ts_w is not None:
+            t = [int(x) for x in ts[s0:s1]]
+            buckets = [[_bucket(t[min(i + 1, n - 1)] - t[j], ts_w.numel() - 1) for j in range(n)]
+                       for i in range(n)]
+            bias = bias + ts_w[torch.tensor(buckets)]
         norm = n if by_len else max_seq_len
         s = alpha * torch.einsum("ihd,jhd->hij", q[s0:s1], k[s0:s1]) + bias
         p = F.silu(s) / norm * mask
@@ -130,6 +124,8 @@ CASES = [
     (LENGTHS[1], 12, False, 3, "seq_len", False, True),
     (LENGTHS[2], 4, False, 0, "max_len", True, False),
     (LENGTHS[3], 13, False, 0, "seq_len", False, False),
+    # several 64-row tiles: diagonal tiles, contextual rows above the diagonal, targets
+    ([150, 0, 1, 64, 65, 3], 150, True, 3, "max_len", True, True),
 ]
 
 

@@ -1,0 +1,393 @@
+// Fused jagged HSTU attention on CPU (torchrec_ascend::hstu_mha forward and backward).
+//
+// No padded tensor: each sequence is processed in place inside the jagged [T, H, d] inputs.
+// Forward: OpenMP over (sequence, query tile); per task the relative bias and the mask of the
+// tile are computed once and shared by all heads, then per head S = Q K^T (tile rows x visible
+// keys only: causal tile skipping), P = silu(alpha S + bias) / N * valid, O = P V.
+// Backward: OpenMP over sequences (dq, dk, dv of a sequence are written by one thread only), key
+// tiles inside, rows restricted to the ones that can see the tile; the bias tables' gradients go
+// to per-thread buffers that are reduced at the end.
+// Matrix products go through at::mm_out / addmm_ on strided views (MKL / the torch BLAS, single
+// threaded inside the OpenMP region); elementwise work is plain loops.
+// Work and memory follow sum_b n_b^2 (plus one diagonal tile per row tile), never B * N_max^2.
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <tuple>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "torchrec_ascend.h"
+
+namespace torchrec_ascend {
+
+namespace {
+
+constexpr int64_t kTile = 64;           // query rows per forward task, keys per backward tile
+constexpr double kLogBase = 0.301;      // bucket = floor(ln(max(|dt|, 1)) / 0.301)
+
+// Exact time bucketing without a log per pair: thresholds th[k] = smallest x >= 1 with
+// floor(ln(x) / 0.301) >= k (computed with the float64 formula itself), lo[e] = bucket(2^e).
+struct Bucketer {
+  int64_t nb = 0;
+  std::vector<int64_t> th;
+  int64_t lo[64];
+
+  static int64_t formula(int64_t x) {
+    return static_cast<int64_t>(std::floor(std::log(static_cast<double>(x)) / kLogBase));
+  }
+
+  explicit Bucketer(int64_t num_buckets) : nb(num_buckets), th(num_buckets + 2) {
+    const int64_t kMax = std::numeric_limits<int64_t>::max();
+    th[0] = 1;
+    for (int64_t k = 1; k <= nb + 1; ++k) {
+      const double guess = std::exp(kLogBase * static_cast<double>(k));
+      if (guess > 4.0e18) {
+        th[k] = kMax;
+        continue;
+      }
+      int64_t x = std::max<int64_t>(1, static_cast<int64_t>(guess));
+      while (x > 1 && formula(x - 1) >= k) --x;
+      while (formula(x) < k) ++x;
+      th[k] = x;
+    }
+    for (int e = 0; e < 64; ++e) {
+      const uint64_t x = uint64_t(1) << e;
+      int64_t b = 0;
+      while (b < nb && x >= static_cast<uint64_t>(th[b + 1])) ++b;
+      lo[e] = b;
+    }
+  }
+
+  inline int64_t operator()(int64_t dt) const {
+    uint64_t x = dt < 0 ? uint64_t(0) - static_cast<uint64_t>(dt) : static_cast<uint64_t>(dt);
+    if (x < 1) x = 1;
+    int64_t b = lo[63 - __builtin_clzll(x)];
+    while (b < nb && x >= static_cast<uint64_t>(th[b + 1])) ++b;
+    return b;
+  }
+};
+
+// Everything a task needs about the batch, raw pointers only (no tensor ops on shared state).
+template <typename scalar_t>
+struct Problem {
+  int64_t B, H, dqk, dv, max_seq_len, ctx;
+  double alpha;
+  bool by_len;
+  std::vector<int64_t> off, nt;
+  const int64_t* ts = nullptr;
+  const scalar_t* pos_w = nullptr;
+  const scalar_t* ts_w = nullptr;
+  int64_t npos = 0, nts = 0;
+  const Bucketer* bucketer = nullptr;
+
+  int64_t len(int64_t b) const { return off[b + 1] - off[b]; }
+
+  // generative-recommenders' clamped ids: contextual prefix -> 0, every target -> one id
+  static inline int64_t id(int64_t p, int64_t c, int64_t cap) {
+    return std::min(std::max<int64_t>(p - c + 1, 0), cap);
+  }
+  inline bool valid(int64_t i, int64_t j, int64_t n, int64_t ntb) const {
+    if (i == j) return true;
+    const int64_t cap = n - ctx + 1 - ntb;
+    const int64_t ri = id(i, ctx, cap), rj = id(j, ctx, cap);
+    return ri > rj || (ctx > 0 && ri == 0 && rj < cap);
+  }
+  // visible key range [0, kend) of query rows [i0, i1)
+  int64_t key_end(int64_t i0, int64_t i1, int64_t n) const { return i0 < ctx ? n : std::min(i1, n); }
+
+  // bias[r * w + c] = rab(i0 + r, j0 + c); scale[...] = valid / N (0 where masked)
+  void tile(int64_t b, int64_t i0, int64_t m, int64_t j0, int64_t w, scalar_t* bias,
+            scalar_t* scale) const {
+    const int64_t n = len(b), s0 = off[b], ntb = nt.empty() ? 0 : nt[b];
+    const scalar_t inv = scalar_t(1) / static_cast<scalar_t>(by_len ? std::max<int64_t>(n, 1) : max_seq_len);
+    for (int64_t r = 0; r < m; ++r) {
+      const int64_t i = i0 + r;
+      const int64_t tq = ts ? ts[s0 + std::min(i + 1, n - 1)] : 0;
+      scalar_t* brow = bias + r * w;
+      scalar_t* srow = scale + r * w;
+      for (int64_t c = 0; c < w; ++c) {
+        const int64_t j = j0 + c;
+        scalar_t v = 0;
+        if (pos_w) v += pos_w[max_seq_len - 1 + j - i];
+        if (ts_w) v += ts_w[(*bucketer)(tq - ts[s0 + j])];
+        brow[c] = v;
+        srow[c] = valid(i, j, n, ntb) ? inv : scalar_t(0);
+      }
+    }
+  }
+
+  // table gradients of one tile: dpos[...] += g, dts[...] += g for every valid pair
+  void tile_grad(int64_t b, int64_t i0, int64_t m, int64_t j0, int64_t w, const scalar_t* g,
+                 const scalar_t* scale, double* dpos, double* dts) const {
+    const int64_t n = len(b), s0 = off[b];
+    for (int64_t r = 0; r < m; ++r) {
+      const int64_t i = i0 + r;
+      const int64_t tq = ts ? ts[s0 + std::min(i + 1, n - 1)] : 0;
+      for (int64_t c = 0; c < w; ++c) {
+        if (scale[r * w + c] == scalar_t(0)) continue;
+        const double gv = g[r * w + c];
+        const int64_t j = j0 + c;
+        if (pos_w) dpos[max_seq_len - 1 + j - i] += gv;
+        if (ts_w) dts[(*bucketer)(tq - ts[s0 + j])] += gv;
+      }
+    }
+  }
+};
+
+// [rows, cols] view of head h of rows [r0, r0 + rows) of a jagged [T, H, d] buffer
+template <typename scalar_t>
+at::Tensor view(scalar_t* base, int64_t r0, int64_t rows, int64_t h, int64_t H, int64_t d,
+                const at::TensorOptions& opt) {
+  return at::from_blob(base + (r0 * H + h) * d, {rows, d}, {H * d, 1}, opt);
+}
+
+template <typename scalar_t>
+void forward_impl(const Problem<scalar_t>& P, scalar_t* q, scalar_t* k, scalar_t* v, scalar_t* out) {
+  const at::TensorOptions opt = at::TensorOptions().dtype(c10::CppTypeToScalarType<scalar_t>::value);
+  struct Task { int64_t b, i0; int64_t cost; };
+  std::vector<Task> tasks;
+  for (int64_t b = 0; b < P.B; ++b) {
+    const int64_t n = P.len(b);
+    for (int64_t i0 = 0; i0 < n; i0 += kTile) {
+      const int64_t i1 = std::min(i0 + kTile, n);
+      tasks.push_back({b, i0, (i1 - i0) * P.key_end(i0, i1, n)});
+    }
+  }
+  // longest first: dynamic scheduling then balances the heavy tail
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.cost > b.cost; });
+  const int64_t ntask = static_cast<int64_t>(tasks.size());
+#pragma omp parallel
+  {
+    std::vector<scalar_t> bias, scale, sbuf;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < ntask; ++t) {
+      const int64_t b = tasks[t].b, i0 = tasks[t].i0, n = P.len(b), s0 = P.off[b];
+      const int64_t i1 = std::min(i0 + kTile, n), m = i1 - i0, kend = P.key_end(i0, i1, n);
+      bias.resize(m * kend);
+      scale.resize(m * kend);
+      sbuf.resize(m * kend);
+      P.tile(b, i0, m, 0, kend, bias.data(), scale.data());
+      at::Tensor S = at::from_blob(sbuf.data(), {m, kend}, opt);
+      const scalar_t alpha = static_cast<scalar_t>(P.alpha);
+      for (int64_t h = 0; h < P.H; ++h) {
+        at::mm_out(S, view(q, s0 + i0, m, h, P.H, P.dqk, opt), view(k, s0, kend, h, P.H, P.dqk, opt).t());
+        scalar_t* s = sbuf.data();
+        for (int64_t e = 0; e < m * kend; ++e) {
+          const scalar_t x = alpha * s[e] + bias[e];
+          s[e] = scale[e] == scalar_t(0) ? scalar_t(0) : x / (scalar_t(1) + std::exp(-x)) * scale[e];
+        }
+        at::Tensor o = view(out, s0 + i0, m, h, P.H, P.dv, opt);
+        at::mm_out(o, S, view(v, s0, kend, h, P.H, P.dv, opt));
+      }
+    }
+  }
+}
+
+template <typename scalar_t>
+void backward_impl(const Problem<scalar_t>& P, scalar_t* go, scalar_t* q, scalar_t* k, scalar_t* v,
+                   scalar_t* dq, scalar_t* dk, scalar_t* dv, std::vector<double>& dpos,
+                   std::vector<double>& dts) {
+  const at::TensorOptions opt = at::TensorOptions().dtype(c10::CppTypeToScalarType<scalar_t>::value);
+  std::vector<int64_t> order(P.B);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return P.len(a) > P.len(b); });
+  int nthreads = 1;
+#ifdef _OPENMP
+  nthreads = omp_get_max_threads();
+#endif
+  std::vector<double> dpos_t(P.pos_w ? nthreads * P.npos : 0, 0.0);
+  std::vector<double> dts_t(P.ts_w ? nthreads * P.nts : 0, 0.0);
+  const scalar_t alpha = static_cast<scalar_t>(P.alpha);
+#pragma omp parallel num_threads(nthreads)
+  {
+    int tid = 0;
+#ifdef _OPENMP
+    tid = omp_get_thread_num();
+#endif
+    double* my_dpos = P.pos_w ? dpos_t.data() + tid * P.npos : nullptr;
+    double* my_dts = P.ts_w ? dts_t.data() + tid * P.nts : nullptr;
+    std::vector<scalar_t> bias, scale, sb, pb, dpb, gsum;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t oi = 0; oi < P.B; ++oi) {
+      const int64_t b = order[oi], n = P.len(b), s0 = P.off[b];
+      for (int64_t j0 = 0; j0 < n; j0 += kTile) {
+        const int64_t w = std::min(kTile, n - j0);
+        // rows that can see keys [j0, j0 + w): the contextual prefix and rows >= j0
+        const int64_t ranges[2][2] = {{0, std::min(P.ctx, j0)}, {j0, n}};
+        for (const auto& rg : ranges) {
+          const int64_t r0 = rg[0], m = std::min(rg[1], n) - rg[0];
+          if (m <= 0) continue;
+          const int64_t e = m * w;
+          bias.resize(e); scale.resize(e); sb.resize(e); pb.resize(e); dpb.resize(e);
+          gsum.assign(e, scalar_t(0));
+          P.tile(b, r0, m, j0, w, bias.data(), scale.data());
+          at::Tensor S = at::from_blob(sb.data(), {m, w}, opt);
+          at::Tensor Pm = at::from_blob(pb.data(), {m, w}, opt);
+          at::Tensor dP = at::from_blob(dpb.data(), {m, w}, opt);
+          for (int64_t h = 0; h < P.H; ++h) {
+            at::Tensor qh = view(q, s0 + r0, m, h, P.H, P.dqk, opt);
+            at::Tensor kh = view(k, s0 + j0, w, h, P.H, P.dqk, opt);
+            at::Tensor vh = view(v, s0 + j0, w, h, P.H, P.dv, opt);
+            at::Tensor goh = view(go, s0 + r0, m, h, P.H, P.dv, opt);
+            at::mm_out(S, qh, kh.t());
+            at::mm_out(dP, goh, vh.t());
+            scalar_t* s = sb.data();
+            scalar_t* p = pb.data();
+            scalar_t* d = dpb.data();
+            for (int64_t x = 0; x < e; ++x) {
+              if (scale[x] == scalar_t(0)) {
+                p[x] = 0;
+                d[x] = 0;
+                continue;
+              }
+              const scalar_t z = alpha * s[x] + bias[x];
+              const scalar_t sig = scalar_t(1) / (scalar_t(1) + std::exp(-z));
+              p[x] = z * sig * scale[x];
+              d[x] = d[x] * scale[x] * sig * (scalar_t(1) + z * (scalar_t(1) - sig));
+              gsum[x] += d[x];
+            }
+            view(dv, s0 + j0, w, h, P.H, P.dv, opt).addmm_(Pm.t(), goh);
+            view(dk, s0 + j0, w, h, P.H, P.dqk, opt).addmm_(dP.t(), qh, 1, P.alpha);
+            view(dq, s0 + r0, m, h, P.H, P.dqk, opt).addmm_(dP, kh, 1, P.alpha);
+          }
+          if (P.pos_w || P.ts_w) P.tile_grad(b, r0, m, j0, w, gsum.data(), scale.data(), my_dpos, my_dts);
+        }
+      }
+    }
+  }
+  for (int t = 0; t < nthreads; ++t) {
+    for (int64_t i = 0; i < (P.pos_w ? P.npos : 0); ++i) dpos[i] += dpos_t[t * P.npos + i];
+    for (int64_t i = 0; i < (P.ts_w ? P.nts : 0); ++i) dts[i] += dts_t[t * P.nts + i];
+  }
+}
+
+std::vector<int64_t> int_vec(const at::Tensor& t) {
+  auto c = t.to(at::kLong).contiguous();
+  const int64_t* p = c.data_ptr<int64_t>();
+  return std::vector<int64_t>(p, p + c.numel());
+}
+
+// Compute dtype: float for half / bfloat16 inputs (CPU half GEMM is ~100x slower), else as is.
+at::ScalarType compute_type(const at::Tensor& q) {
+  return (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) ? at::kFloat : q.scalar_type();
+}
+
+struct Inputs {
+  at::Tensor q, k, v, pos_w, ts_w, ts;
+  std::vector<int64_t> off, nt;
+  std::unique_ptr<Bucketer> bucketer;
+};
+
+Inputs prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& offsets,
+               const c10::optional<at::Tensor>& num_targets, const c10::optional<at::Tensor>& pos_w,
+               const c10::optional<at::Tensor>& ts_w, const c10::optional<at::Tensor>& timestamps) {
+  TORCH_CHECK(q.dim() == 3 && k.sizes() == q.sizes() && v.dim() == 3 && v.size(0) == q.size(0) &&
+                  v.size(1) == q.size(1),
+              "hstu_mha: q, k [T, H, dqk] and v [T, H, dv] expected");
+  const auto ct = compute_type(q);
+  Inputs in;
+  in.q = q.to(ct).contiguous();
+  in.k = k.to(ct).contiguous();
+  in.v = v.to(ct).contiguous();
+  in.off = int_vec(offsets);
+  TORCH_CHECK(!in.off.empty() && in.off.back() <= q.size(0), "offsets: invalid for T=", q.size(0));
+  if (num_targets.has_value()) in.nt = int_vec(*num_targets);
+  if (pos_w.has_value()) in.pos_w = pos_w->to(ct).contiguous();
+  if (ts_w.has_value()) {
+    TORCH_CHECK(timestamps.has_value(), "ts_w needs timestamps");
+    in.ts_w = ts_w->to(ct).contiguous();
+    in.ts = timestamps->to(at::kLong).contiguous();
+    in.bucketer = std::make_unique<Bucketer>(in.ts_w.numel() - 1);
+  }
+  return in;
+}
+
+template <typename scalar_t>
+Problem<scalar_t> problem(const Inputs& in, double alpha, int64_t max_seq_len, bool by_len, int64_t ctx) {
+  Problem<scalar_t> P;
+  P.B = static_cast<int64_t>(in.off.size()) - 1;
+  P.H = in.q.size(1);
+  P.dqk = in.q.size(2);
+  P.dv = in.v.size(2);
+  P.max_seq_len = max_seq_len;
+  P.ctx = ctx;
+  P.alpha = alpha;
+  P.by_len = by_len;
+  P.off = in.off;
+  P.nt = in.nt;
+  if (in.pos_w.defined()) {
+    P.pos_w = in.pos_w.data_ptr<scalar_t>();
+    P.npos = in.pos_w.numel();
+    TORCH_CHECK(P.npos == 2 * max_seq_len - 1, "pos_w: expected 2 * max_seq_len - 1 entries");
+  }
+  if (in.ts_w.defined()) {
+    P.ts_w = in.ts_w.data_ptr<scalar_t>();
+    P.nts = in.ts_w.numel();
+    P.ts = in.ts.data_ptr<int64_t>();
+    P.bucketer = in.bucketer.get();
+  }
+  for (int64_t b = 0; b < P.B; ++b) {
+    TORCH_CHECK(P.len(b) >= 0 && P.len(b) <= max_seq_len, "offsets: sequence ", b, " has length ",
+                P.len(b), " outside [0, max_seq_len=", max_seq_len, "]");
+  }
+  return P;
+}
+
+}  // namespace
+
+at::Tensor hstu_mha_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        const at::Tensor& offsets, double alpha, int64_t max_seq_len, bool norm_by_seq_len,
+                        const c10::optional<at::Tensor>& num_targets, int64_t contextual_seq_len,
+                        const c10::optional<at::Tensor>& pos_w, const c10::optional<at::Tensor>& ts_w,
+                        const c10::optional<at::Tensor>& timestamps) {
+  Inputs in = prepare(q, k, v, offsets, num_targets, pos_w, ts_w, timestamps);
+  // rows outside every sequence (T > last offset) are zero
+  at::Tensor out = at::zeros({q.size(0), q.size(1), v.size(2)}, in.q.options());
+  AT_DISPATCH_FLOATING_TYPES(in.q.scalar_type(), "hstu_mha_fwd", [&] {
+    auto P = problem<scalar_t>(in, alpha, max_seq_len, norm_by_seq_len, contextual_seq_len);
+    forward_impl<scalar_t>(P, in.q.data_ptr<scalar_t>(), in.k.data_ptr<scalar_t>(),
+                           in.v.data_ptr<scalar_t>(), out.data_ptr<scalar_t>());
+  });
+  return out.to(q.scalar_type());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> hstu_mha_bwd(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& offsets, double alpha, int64_t max_seq_len, bool norm_by_seq_len,
+    const c10::optional<at::Tensor>& num_targets, int64_t contextual_seq_len,
+    const c10::optional<at::Tensor>& pos_w, const c10::optional<at::Tensor>& ts_w,
+    const c10::optional<at::Tensor>& timestamps) {
+  Inputs in = prepare(q, k, v, offsets, num_targets, pos_w, ts_w, timestamps);
+  TORCH_CHECK(grad_out.sizes() == at::IntArrayRef({q.size(0), q.size(1), v.size(2)}),
+              "grad_out: expected [T, H, dv]");
+  at::Tensor go = grad_out.to(in.q.scalar_type()).contiguous();
+  at::Tensor dq = at::zeros_like(in.q), dk = at::zeros_like(in.k), dv = at::zeros_like(in.v);
+  at::Tensor dpos = at::zeros({in.pos_w.defined() ? in.pos_w.numel() : 0}, in.q.options());
+  at::Tensor dts = at::zeros({in.ts_w.defined() ? in.ts_w.numel() : 0}, in.q.options());
+  AT_DISPATCH_FLOATING_TYPES(in.q.scalar_type(), "hstu_mha_bwd", [&] {
+    auto P = problem<scalar_t>(in, alpha, max_seq_len, norm_by_seq_len, contextual_seq_len);
+    std::vector<double> gp(dpos.numel(), 0.0), gt(dts.numel(), 0.0);
+    backward_impl<scalar_t>(P, go.data_ptr<scalar_t>(), in.q.data_ptr<scalar_t>(), in.k.data_ptr<scalar_t>(),
+                            in.v.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(),
+                            dv.data_ptr<scalar_t>(), gp, gt);
+    for (int64_t i = 0; i < dpos.numel(); ++i) dpos.data_ptr<scalar_t>()[i] = static_cast<scalar_t>(gp[i]);
+    for (int64_t i = 0; i < dts.numel(); ++i) dts.data_ptr<scalar_t>()[i] = static_cast<scalar_t>(gt[i]);
+  });
+  const auto st = q.scalar_type();
+  return {dq.to(st), dk.to(st), dv.to(st), dpos.to(st), dts.to(st)};
+}
+
+void bind_hstu(pybind11::module& m) {
+  m.def("hstu_mha_fwd", &hstu_mha_fwd, "fused jagged HSTU attention, forward (OpenMP)");
+  m.def("hstu_mha_bwd", &hstu_mha_bwd, "fused jagged HSTU attention, backward (OpenMP)");
+}
+
+}  // namespace torchrec_ascend
