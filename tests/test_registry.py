@@ -166,7 +166,7 @@ _BLOCKER = textwrap.dedent(
         def __init__(self, names): self.names = names
         def find_spec(self, name, path=None, target=None):
             if any(name == n or name.startswith(n + '.') for n in self.names):
-                raise ImportError(f'blocked for the test: {name}')
+                raise ModuleNotFoundError(f'No module named {name!r} (blocked for the test)', name=name)
             return None
     sys.meta_path.insert(0, _Block(set(sys.argv[1].split(','))))
     """

@@ -8,14 +8,17 @@ machine) only the ops load: ``import torchrec_ascend.ops`` needs torch alone.
 
 from __future__ import annotations
 
-import importlib.util as _ilu
-
 from . import device, ops
 
 __version__ = "0.1.0"
 __all__ = ["device", "ops", "__version__"]
 
-if _ilu.find_spec("torchrec") is not None:
+try:
+    import torchrec as _torchrec  # noqa: F401
+except ModuleNotFoundError as _e:  # a torch-only machine: the ops alone
+    if _e.name != "torchrec":
+        raise  # torchrec is installed but one of its own dependencies is missing: say so
+else:
     from . import distributed  # noqa: E402  (opens TorchRec's device gates)
 
     __all__.append("distributed")

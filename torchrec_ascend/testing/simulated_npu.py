@@ -116,21 +116,21 @@ def _npu(device: Union[int, str, torch.device, None]) -> torch.device:
 
 
 class _Stream(torch.Stream):
-    """``torch.npu.Stream``: a :class:`torch.Stream` of the simulated device."""
+    """The ``Stream`` class of the simulated ``npu`` module: a :class:`torch.Stream` of the simulated device."""
 
     def __new__(cls, device=None, priority: int = 0, **kwargs):
         return super().__new__(cls, device=_npu(device), priority=priority)
 
 
 class _Event(torch.Event):
-    """``torch.npu.Event``: a :class:`torch.Event` of the simulated device."""
+    """The ``Event`` class of the simulated ``npu`` module: a :class:`torch.Event` of the simulated device."""
 
     def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
         return super().__new__(cls, device=_npu(None), enable_timing=enable_timing)
 
 
 class _DeviceContext:
-    """``torch.npu.device(i)``: make device ``i`` current inside the block."""
+    """The ``device(i)`` context of the simulated ``npu`` module: make device ``i`` current inside the block."""
 
     def __init__(self, device) -> None:
         self.idx = _index(device)
