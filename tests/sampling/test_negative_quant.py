@@ -136,3 +136,39 @@ def test_only_valid_rows_are_quantised():
     want.backward()
     assert float(out.detach()) == float(want.detach())
     assert torch.equal(a.grad[rows], b.grad) and torch.count_nonzero(a.grad[~valid]) == 0
+
+
+def test_loss_where_fp16_range_demands_per_row_scale():
+    """Unnormalised rows at both ends of fp16's range: the temperature-folded query ~1e-6 (below
+    fp16's smallest normal 6.1e-5) and negative rows ~1e5 (above its max 65504).  Without scales
+    the half rows overflow (non-finite loss); with ``"auto"`` scales the loss and gradients stay
+    within the rounding bound of the fp32 loss (logits are O(1): relative error ~ 2u * |logit|)."""
+    t, d, r, n_items = 64, 32, 48, 1000
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    pos = torch.randint(0, n_items, (t,), generator=g)
+    neg = UniformSampler(n_items).sample(pos, r, g)
+    tau = 1e10
+    q = torch.randn(t, d, generator=g) * 1e4          # q / tau ~ 1e-6
+    pe = torch.randn(t, d, generator=g) * 1e6
+    ne = torch.randn(r, d, generator=g) * 1e5
+
+    def run(hp, scale):
+        a, b = q.clone().requires_grad_(True), ne.clone().requires_grad_(True)
+        f = SampledSoftmaxLoss(temperature=tau, l2_normalize=False, half_precision=hp,
+                               per_row_scale=scale, half_compute="fp32")
+        loss = f(a, pos, pe, neg, b)
+        if not torch.isfinite(loss):
+            return loss.detach(), None, None
+        loss.backward()
+        return loss.detach().double(), a.grad.double(), b.grad.double()
+
+    l32, gq32, gn32 = run(None, "auto")
+    assert not torch.isfinite(run("fp16", False)[0])  # the range really is exceeded
+    l16, gq16, gn16 = run("fp16", "auto")
+    # |logit| <= max_j |q|.|n| / tau; rounding q and n moves each logit by <= 2u times that
+    logit_max = float((q.abs() @ ne.abs().t()).max() / tau)
+    u = UNIT[torch.float16]
+    assert abs(float(l16 - l32)) <= 2 * 2 * u * logit_max, (float(l16 - l32), logit_max)
+    for a, b in ((gq16, gq32), (gn16, gn32)):
+        rel = float((a - b).norm() / b.norm())
+        assert rel <= 4 * 2 * u * logit_max + 6 * u, rel

@@ -178,3 +178,59 @@ def test_bad_arguments():
             pf.get()
         assert list(pf.prefetch([], lambda b: b)) == []
     assert isinstance(UniformSampler(N), NegativeSampler)
+
+
+def _accelerator() -> torch.device:
+    """npu (real, else the simulated one when built) or cuda; skip on a CPU-only build."""
+    from torchrec_ascend import device as dev_mod
+    for kind in ("npu", "cuda"):
+        if dev_mod.is_available(kind):
+            return torch.device(kind, 0)
+    from torchrec_ascend.testing import simulated_npu
+    if simulated_npu.available() and simulated_npu.enable():
+        return torch.device("npu", 0)
+    pytest.skip("no npu/cuda device and the simulated npu is not built (make build)")
+
+
+def test_side_stream_on_accelerator(monkeypatch):
+    """npu/cuda: the worker copies ids and looks up on a side stream (not the training stream);
+    get() hands every tensor to the training stream (record_stream); same values as on cpu."""
+    from torchrec_ascend import device as dev_mod
+    dev = _accelerator()
+    table_cpu = torch.randn(N, D, generator=torch.Generator().manual_seed(1))
+    table = table_cpu.to(dev)
+    main_stream = dev_mod.current_stream(dev)
+    seen = []
+
+    def lookup(ids):
+        seen.append((threading.get_ident(), dev_mod.current_stream(dev).stream_id, ids.device))
+        return table[ids]
+
+    handed = []
+    real_record = dev_mod.record_stream
+    monkeypatch.setattr(dev_mod, "record_stream",
+                        lambda t, s: (handed.append((t.data_ptr(), s.stream_id)), real_record(t, s)))
+    got = []
+    with AsyncNegativePrefetcher(MixedSampler(N), R, lookup_fn=lookup, per_token_negatives=2,
+                                 seed=5, device=dev) as pf:
+        for batch, neg in pf.prefetch(_batches(3, 4), lambda b: b.to(dev)):
+            got.append(neg)
+    assert len(seen) == 6 and all(tid != threading.get_ident() for tid, _, _ in seen)
+    assert all(sid != main_stream.stream_id and d == dev for _, sid, d in seen)
+    for neg in got:
+        for t in (neg.negatives.ids, neg.neg_emb, neg.extra_negatives.ids, neg.extra_neg_emb):
+            assert t.device == dev and (t.data_ptr(), main_stream.stream_id) in handed
+
+    want = _collect_cpu_reference(table_cpu, seed=5)
+    for a, b in zip(got, want):
+        assert torch.equal(a.negatives.ids.cpu(), b.negatives.ids)
+        assert torch.equal(a.negatives.log_q.cpu(), b.negatives.log_q)
+        assert torch.equal(a.neg_emb.cpu(), b.neg_emb)
+        assert torch.equal(a.extra_neg_emb.cpu(), b.extra_neg_emb)
+
+
+def _collect_cpu_reference(table: torch.Tensor, seed: int):
+    with AsyncNegativePrefetcher(MixedSampler(N), R, lookup_fn=lambda ids: table[ids],
+                                 per_token_negatives=2, seed=seed, device="cpu",
+                                 asynchronous=False) as pf:
+        return [neg for _, neg in pf.prefetch(_batches(3, 4), lambda b: b)]

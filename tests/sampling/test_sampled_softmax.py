@@ -215,3 +215,28 @@ def test_pool_hits_equal_dense_compare_with_repeats():
         got[t_idx, j_idx] = True
         assert t_idx.numel() == int(got.sum())  # no pair twice
         assert torch.equal(got, pos[:, None] == pool[None, :])
+
+
+@pytest.mark.parametrize("kind", ["in_batch", "mixed"])
+def test_no_positive_leaks_as_negative_with_real_samplers(kind):
+    """In-batch pools hold every token's positive (or most of them): for each token, the pool rows
+    equal to its positive receive exactly zero gradient from that token's loss, and every other
+    row a non-zero one; the loss equals the float64 loop that leaves those rows out."""
+    from torchrec_ascend.sampling import make_sampler
+    n, t, d = 25, 12, 6
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    pos = torch.randint(0, n, (t,), generator=g)
+    neg = make_sampler(kind, n).sample(pos, 20, g)
+    assert bool(torch.isin(pos, neg.ids).all()) or kind == "mixed"
+    x = {"q": torch.randn(t, d, generator=g), "pe": torch.randn(t, d, generator=g),
+         "ne": torch.randn(neg.ids.numel(), d, generator=g)}
+    loss = SampledSoftmaxLoss(temperature=0.3, reduction="none")
+    ne = _leaf(x["ne"])
+    per_token = loss(x["q"], pos, x["pe"], neg, ne)
+    for i in range(t):
+        (grad,) = torch.autograd.grad(per_token[i], ne, retain_graph=True)
+        hit = neg.ids == pos[i]
+        assert torch.count_nonzero(grad[hit]) == 0, i
+        assert bool((grad[~hit].abs().sum(1) > 0).all()), i
+    _compare(x, lambda a: loss(a["q"], pos, a["pe"], neg, a["ne"]),
+             lambda b: _reference(b["q"], pos, b["pe"], neg, b["ne"], tau=0.3, reduction="none"))

@@ -82,7 +82,7 @@ def test_log_q_is_expected_count_shared_pool(kind):
         assert s.ids.shape == s.log_q.shape and s.pos_log_q.shape == (t,)
         return s.ids, s.log_q
 
-    _ht_check(draw, f, trials=3000)
+    _ht_check(draw, f, trials=1000)
 
 
 @pytest.mark.parametrize("kind", ["uniform", "popularity", "in_batch", "mixed"])
@@ -101,7 +101,7 @@ def test_log_q_is_expected_count_per_token(kind):
         row = int(torch.randint(t, (1,), generator=g))
         return s.ids[row], s.log_q[row]
 
-    _ht_check(draw, f, trials=3000)
+    _ht_check(draw, f, trials=1000)
 
 
 def test_in_batch_pool_is_deduplicated_batch():
