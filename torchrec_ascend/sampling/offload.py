@@ -199,13 +199,16 @@ class AsyncNegativePrefetcher:
             return
         self.submit(pos_ids_fn(cur))
         while True:
+            # fetch step i first (its work ran during step i-1), then queue step i+1: the worker
+            # starts it while step i trains, and waking it does not delay this get()
+            out = self.get()
             try:
                 nxt = next(it)
                 self.submit(pos_ids_fn(nxt))
                 more = True
             except StopIteration:
                 more = False
-            yield cur, self.get()
+            yield cur, out
             if not more:
                 return
             cur = nxt
