@@ -369,7 +369,13 @@ def _test_kjt_select(backend, keys, batch_size, max_len, n_sel, index_dtype, dty
     (gm,) = torch.autograd.grad(got[0], values, go, allow_unused=True)
     (gl,) = torch.autograd.grad(want[0], values, go, allow_unused=True)
     z = torch.zeros_like(values)
-    torch.testing.assert_close(gm if gm is not None else z, gl if gl is not None else z)
+    gm, gl = (gm if gm is not None else z), (gl if gl is not None else z)
+    if dtype in (torch.float16, torch.bfloat16):
+        # a value selected k times sums k gradients in 16 bits, in an order each side picks
+        bound = 4 * torch.finfo(dtype).eps * max(n_sel, 1) * float(go.abs().max()) if go.numel() else 0
+        torch.testing.assert_close(gm.double(), gl.double(), atol=bound, rtol=0)
+    else:
+        torch.testing.assert_close(gm, gl)
 
 
 @BACKENDS

@@ -60,6 +60,7 @@ register(OpSpec(
     name="asynchronous_exclusive_cumsum",
     schema="(Tensor t_in) -> Tensor",
     reference=ref.asynchronous_exclusive_cumsum,
+    cpu_kernel="asynchronous_exclusive_cumsum",
     fake=_cumsum_fake,
     fbgemm=True,
     fbgemm_ascend=True,
@@ -68,6 +69,7 @@ register(OpSpec(
     name="asynchronous_inclusive_cumsum",
     schema="(Tensor t_in) -> Tensor",
     reference=ref.asynchronous_inclusive_cumsum,
+    cpu_kernel="asynchronous_inclusive_cumsum",
     fake=_cumsum_fake,
     fbgemm=True,
     fbgemm_ascend=True,
@@ -291,6 +293,7 @@ register(OpSpec(
     name="invert_permute",
     schema="(Tensor permute) -> Tensor",
     reference=ref.invert_permute,
+    cpu_kernel="invert_permute",
     fake=_invert_permute_fake,
     fbgemm=True,
 ))
@@ -298,6 +301,7 @@ register(OpSpec(
     name="expand_into_jagged_permute",
     schema="(Tensor permute, Tensor input_offset, Tensor output_offset, SymInt output_size) -> Tensor",
     reference=ref.expand_into_jagged_permute,
+    cpu_kernel="expand_into_jagged_permute",
     fake=_expand_fake,
     fbgemm=True,
 ))
@@ -309,6 +313,7 @@ register(OpSpec(
             "int info_B_num_bits=-1, int info_B_mask=-1, int bounds_check_version=1, "
             "bool prefetch_pipeline=False) -> ()"),
     reference=ref.bounds_check_indices,
+    cpu_kernel="bounds_check_indices",
     fake=_bounds_check_fake,
     fbgemm=True,
 ))
@@ -316,6 +321,7 @@ register(OpSpec(
     name="segment_sum_csr",
     schema="(SymInt batch_size, Tensor csr_seg, Tensor values) -> Tensor",
     reference=ref.segment_sum_csr,
+    cpu_kernel="segment_sum_csr",
     fake=_segment_sum_fake,
     backward=_segment_sum_backward,
     setup_context=_segment_sum_setup,
@@ -337,6 +343,7 @@ register(OpSpec(
     name="offsets_range",
     schema="(Tensor offsets, SymInt range_size) -> Tensor",
     reference=ref.offsets_range,
+    cpu_kernel="offsets_range",
     fake=_offsets_range_fake,
     fbgemm=True,
     fbgemm_ascend=True,
@@ -347,6 +354,7 @@ for _name, _ascend in (("permute_pooled_embs", True), ("permute_pooled_embs_auto
         name=_name,
         schema=_POOLED_SCHEMA,
         reference=ref.permute_pooled_embs,
+        cpu_kernel="permute_pooled_embs",
         fake=_pooled_fake,
         backward=_pooled_backward_of(_name),
         setup_context=_pooled_setup,

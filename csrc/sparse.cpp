@@ -1,0 +1,732 @@
+// CPU kernels for the sparse-feature ops on TorchRec's training path (ops/sparse.py):
+// cumsums, permutes of keyed jagged batches, block bucketize, bounds check, segment sums,
+// KJT index select and the pooled-embedding permutes.  Semantics are fbgemm's (the torch
+// reference in ops/reference/sparse.py is the spec; tests compare both with fbgemm-gpu-cpu).
+//
+// Structure: every kernel first computes segment offsets (cheap, sequential over segments),
+// then moves data with one memcpy per segment, parallel over segments (at::parallel_for; a
+// grain keeps small inputs on the calling thread).  Values of any dtype are moved as bytes.
+// Inconsistent structure (negative lengths, sums that do not match the values) is a
+// ValueError, never an out-of-bounds access.
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "torchrec_ascend.h"
+
+namespace torchrec_ascend {
+
+namespace {
+
+constexpr int64_t kGrainElems = 1 << 15;  // below this many moved elements: one thread
+
+// f(index_t{}) for an int32/int64 tensor; ValueError naming `arg` otherwise.
+template <typename F>
+void dispatch_index(const at::Tensor& t, const char* arg, F&& f) {
+  if (t.scalar_type() == at::kInt) {
+    f(int32_t{});
+  } else if (t.scalar_type() == at::kLong) {
+    f(int64_t{});
+  } else {
+    TORCH_CHECK_VALUE(false, arg, ": expected int32 or int64, got ", t.scalar_type());
+  }
+}
+
+// An int32/int64 tensor as int64 values.
+std::vector<int64_t> as_i64(const at::Tensor& t, const char* arg) {
+  std::vector<int64_t> out(t.numel());
+  auto c = t.contiguous();
+  dispatch_index(c, arg, [&](auto z) {
+    using index_t = decltype(z);
+    const index_t* p = c.data_ptr<index_t>();
+    std::copy(p, p + c.numel(), out.begin());
+  });
+  return out;
+}
+
+// Exclusive prefix sum of lengths (n + 1 entries; the last is the total).  Negative lengths
+// are a ValueError naming `arg`.
+std::vector<int64_t> offsets_of(const std::vector<int64_t>& lengths, const char* arg) {
+  std::vector<int64_t> off(lengths.size() + 1);
+  off[0] = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    TORCH_CHECK_VALUE(lengths[i] >= 0, arg, ": lengths must be >= 0, entry ", i, " is ",
+                      lengths[i]);
+    off[i + 1] = off[i] + lengths[i];
+  }
+  return off;
+}
+
+// Bytes of one row (dim-0 slice) of a contiguous tensor.
+int64_t row_bytes(const at::Tensor& t) {
+  int64_t inner = 1;
+  for (int64_t d = 1; d < t.dim(); ++d) inner *= t.size(d);
+  return inner * static_cast<int64_t>(t.element_size());
+}
+
+// A tensor shaped like `like` with `rows` rows.
+at::Tensor empty_rows(const at::Tensor& like, int64_t rows) {
+  auto shape = like.sizes().vec();
+  shape[0] = rows;
+  return at::empty(shape, like.options());
+}
+
+// Segment copy: out rows [dst[s], dst[s] + len[s]) = in rows [src[s], ...), for every segment s.
+// Parallel over segments; `work` (moved rows) decides whether to use threads.
+void copy_segments(const at::Tensor& in, at::Tensor& out, const std::vector<int64_t>& src,
+                   const std::vector<int64_t>& dst, const std::vector<int64_t>& len) {
+  const int64_t rb = row_bytes(in);
+  const int64_t n_seg = static_cast<int64_t>(len.size());
+  if (rb == 0 || n_seg == 0 || out.numel() == 0) return;
+  const char* ip = static_cast<const char*>(in.data_ptr());
+  char* op = static_cast<char*>(out.data_ptr());
+  const int64_t total = out.size(0);
+  const int64_t grain = std::max<int64_t>(1, n_seg * kGrainElems / std::max<int64_t>(total, 1));
+  at::parallel_for(0, n_seg, grain, [&](int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; ++s) {
+      if (len[s] > 0) std::memcpy(op + dst[s] * rb, ip + src[s] * rb, len[s] * rb);
+    }
+  });
+}
+
+c10::optional<at::Tensor> copy_segments_opt(const c10::optional<at::Tensor>& in, int64_t rows,
+                                            const std::vector<int64_t>& src,
+                                            const std::vector<int64_t>& dst,
+                                            const std::vector<int64_t>& len) {
+  if (!in.has_value()) return c10::nullopt;
+  auto c = in->contiguous();
+  auto out = empty_rows(c, rows);
+  copy_segments(c, out, src, dst, len);
+  return out;
+}
+
+void check_rows(const at::Tensor& t, int64_t need, const char* arg, const char* what) {
+  TORCH_CHECK_VALUE(t.dim() >= 1 && t.size(0) >= need, arg, ": has ",
+                    t.dim() ? t.size(0) : 0, " rows but ", what, " need ", need);
+}
+
+// Output segments back to back: dst offsets of `len`, checked against a caller-given total.
+std::vector<int64_t> dst_offsets(const std::vector<int64_t>& len, c10::optional<int64_t> given,
+                                 const char* arg) {
+  std::vector<int64_t> dst(len.size());
+  int64_t acc = 0;
+  for (size_t i = 0; i < len.size(); ++i) {
+    dst[i] = acc;
+    acc += len[i];
+  }
+  TORCH_CHECK_VALUE(!given.has_value() || *given == acc, arg, ": is ", given.value_or(0),
+                    " but the permuted lengths sum to ", acc);
+  dst.push_back(acc);
+  return dst;
+}
+
+using PermuteOut = std::tuple<at::Tensor, at::Tensor, c10::optional<at::Tensor>>;
+
+}  // namespace
+
+// ------------------------------------------------------------------------------ cumsums
+
+at::Tensor asynchronous_exclusive_cumsum(const at::Tensor& t_in) {
+  TORCH_CHECK_VALUE(t_in.dim() == 1, "t_in: expected 1-D");
+  auto x = t_in.contiguous();
+  auto out = at::empty_like(x);
+  dispatch_index(x, "t_in", [&](auto z) {
+    using index_t = decltype(z);
+    const index_t* s = x.data_ptr<index_t>();
+    index_t* d = out.data_ptr<index_t>();
+    index_t acc = 0;
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      d[i] = acc;
+      acc += s[i];
+    }
+  });
+  return out;
+}
+
+at::Tensor asynchronous_inclusive_cumsum(const at::Tensor& t_in) {
+  TORCH_CHECK_VALUE(t_in.dim() == 1, "t_in: expected 1-D");
+  auto x = t_in.contiguous();
+  auto out = at::empty_like(x);
+  dispatch_index(x, "t_in", [&](auto z) {
+    using index_t = decltype(z);
+    const index_t* s = x.data_ptr<index_t>();
+    index_t* d = out.data_ptr<index_t>();
+    index_t acc = 0;
+    for (int64_t i = 0; i < x.numel(); ++i) d[i] = acc += s[i];
+  });
+  return out;
+}
+
+// ------------------------------------------------------------------------------ permutes
+
+// Features are rows of lengths [T_in, B]: input feature p owns one contiguous run of values, so
+// output feature t is a single copy of input feature permute[t]'s run.
+PermuteOut permute_2D_sparse_data(const at::Tensor& permute, const at::Tensor& lengths,
+                                  const at::Tensor& values, const c10::optional<at::Tensor>& weights,
+                                  c10::optional<int64_t> permuted_lengths_sum) {
+  TORCH_CHECK_VALUE(lengths.dim() >= 1, "lengths: expected [T, B]");
+  const int64_t t_in = lengths.size(0);
+  const int64_t b = t_in ? lengths.numel() / t_in : 0;
+  const auto perm = as_i64(permute, "permute");
+  const auto lens = as_i64(lengths, "lengths");
+  const auto off = offsets_of(lens, "lengths");
+  const int64_t t_out = static_cast<int64_t>(perm.size());
+  std::vector<int64_t> src(t_out), len(t_out);
+  for (int64_t t = 0; t < t_out; ++t) {
+    TORCH_CHECK_VALUE(perm[t] >= 0 && perm[t] < t_in, "permute: entry ", t, " is ", perm[t],
+                      ", outside [0, ", t_in, ")");
+    src[t] = off[perm[t] * b];
+    len[t] = off[(perm[t] + 1) * b] - src[t];
+  }
+  auto dst = dst_offsets(len, permuted_lengths_sum, "permuted_lengths_sum");
+  check_rows(values, off.back(), "values", "the lengths");
+  if (weights.has_value()) check_rows(*weights, off.back(), "weights", "the lengths");
+
+  auto out_len_shape = lengths.sizes().vec();
+  out_len_shape[0] = t_out;
+  auto lc = lengths.contiguous();
+  auto out_lengths = at::empty(out_len_shape, lc.options());
+  const int64_t lb = b * static_cast<int64_t>(lc.element_size());
+  const char* lp = static_cast<const char*>(lc.data_ptr());
+  char* olp = static_cast<char*>(out_lengths.data_ptr());
+  for (int64_t t = 0; t < t_out && lb > 0; ++t) std::memcpy(olp + t * lb, lp + perm[t] * lb, lb);
+
+  auto v = values.contiguous();
+  auto out_values = empty_rows(v, dst.back());
+  dst.pop_back();
+  copy_segments(v, out_values, src, dst, len);
+  return {out_lengths, out_values, copy_segments_opt(weights, out_values.size(0), src, dst, len)};
+}
+
+PermuteOut permute_1D_sparse_data(const at::Tensor& permute, const at::Tensor& lengths,
+                                  const at::Tensor& values, const c10::optional<at::Tensor>& weights,
+                                  c10::optional<int64_t> permuted_lengths_sum) {
+  TORCH_CHECK_VALUE(lengths.dim() == 1, "lengths: expected 1-D");
+  const auto lens = as_i64(lengths, "lengths");
+  const auto off = offsets_of(lens, "lengths");
+  const auto perm = as_i64(permute, "permute");
+  const int64_t n_seg = static_cast<int64_t>(lens.size());
+  const int64_t n_out = static_cast<int64_t>(perm.size());
+  std::vector<int64_t> src(n_out), len(n_out);
+  for (int64_t i = 0; i < n_out; ++i) {
+    TORCH_CHECK_VALUE(perm[i] >= 0 && perm[i] < n_seg, "permute: entry ", i, " is ", perm[i],
+                      ", outside [0, ", n_seg, ")");
+    src[i] = off[perm[i]];
+    len[i] = lens[perm[i]];
+  }
+  auto dst = dst_offsets(len, permuted_lengths_sum, "permuted_lengths_sum");
+  check_rows(values, off.back(), "values", "the lengths");
+  if (weights.has_value()) check_rows(*weights, off.back(), "weights", "the lengths");
+
+  auto out_lengths = at::empty({n_out}, lengths.options());
+  dispatch_index(lengths, "lengths", [&](auto z) {
+    using index_t = decltype(z);
+    index_t* p = out_lengths.data_ptr<index_t>();
+    for (int64_t i = 0; i < n_out; ++i) p[i] = static_cast<index_t>(len[i]);
+  });
+  auto v = values.contiguous();
+  auto out_values = empty_rows(v, dst.back());
+  dst.pop_back();
+  copy_segments(v, out_values, src, dst, len);
+  return {out_lengths, out_values, copy_segments_opt(weights, out_values.size(0), src, dst, len)};
+}
+
+at::Tensor invert_permute(const at::Tensor& permute) {
+  TORCH_CHECK_VALUE(permute.dim() == 1, "permute: expected 1-D");
+  auto p = permute.contiguous();
+  auto out = at::empty_like(p);
+  const int64_t n = p.numel();
+  dispatch_index(p, "permute", [&](auto z) {
+    using index_t = decltype(z);
+    const index_t* s = p.data_ptr<index_t>();
+    index_t* d = out.data_ptr<index_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t j = s[i];
+      TORCH_CHECK_VALUE(j >= 0 && j < n, "permute: entry ", i, " is ", j, ", outside [0, ", n, ")");
+      d[j] = static_cast<index_t>(i);
+    }
+  });
+  return out;
+}
+
+at::Tensor expand_into_jagged_permute(const at::Tensor& permute, const at::Tensor& input_offset,
+                                      const at::Tensor& output_offset, int64_t output_size) {
+  const auto perm = as_i64(permute, "permute");
+  const auto in_off = as_i64(input_offset, "input_offset");
+  const auto out_off = as_i64(output_offset, "output_offset");
+  const int64_t t = static_cast<int64_t>(perm.size());
+  TORCH_CHECK_VALUE(static_cast<int64_t>(in_off.size()) == t + 1 &&
+                        static_cast<int64_t>(out_off.size()) == t + 1,
+                    "input_offset, output_offset: need len(permute) + 1 entries");
+  TORCH_CHECK_VALUE(out_off[t] == output_size, "output_size: is ", output_size,
+                    " but output_offset ends at ", out_off[t]);
+  for (int64_t i = 0; i < t; ++i) {
+    TORCH_CHECK_VALUE(perm[i] >= 0 && perm[i] < t, "permute: entry ", i, " out of range");
+    TORCH_CHECK_VALUE(out_off[i] <= out_off[i + 1] && out_off[i] >= 0,
+                      "output_offset: must start at >= 0 and not decrease");
+  }
+  auto out = at::empty({output_size}, input_offset.options());
+  dispatch_index(input_offset, "input_offset", [&](auto z) {
+    using index_t = decltype(z);
+    index_t* d = out.data_ptr<index_t>();
+    const int64_t grain = std::max<int64_t>(1, t * kGrainElems / std::max<int64_t>(output_size, 1));
+    at::parallel_for(0, t, grain, [&](int64_t t0, int64_t t1) {
+      for (int64_t i = t0; i < t1; ++i) {
+        const int64_t base = in_off[perm[i]] - out_off[i];
+        for (int64_t j = out_off[i]; j < out_off[i + 1]; ++j) d[j] = static_cast<index_t>(base + j);
+      }
+    });
+  });
+  return out;
+}
+
+at::Tensor offsets_range(const at::Tensor& offsets, int64_t range_size) {
+  TORCH_CHECK_VALUE(offsets.dim() == 1, "offsets: expected 1-D");
+  auto o = offsets.contiguous();
+  auto out = at::empty({range_size}, o.options());
+  const int64_t n = o.numel();
+  dispatch_index(o, "offsets", [&](auto z) {
+    using index_t = decltype(z);
+    const index_t* s = o.data_ptr<index_t>();
+    index_t* d = out.data_ptr<index_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t end = i + 1 < n ? static_cast<int64_t>(s[i + 1]) : range_size;
+      TORCH_CHECK_VALUE(s[i] >= 0 && s[i] <= end && end <= range_size, "offsets: entry ", i,
+                        " spans [", static_cast<int64_t>(s[i]), ", ", end,
+                        "), outside 0 <= start <= end <= range_size=", range_size);
+    }
+    TORCH_CHECK_VALUE(n > 0 ? s[0] == 0 : range_size == 0, "offsets: must start at 0");
+    const int64_t grain = std::max<int64_t>(1, n * kGrainElems / std::max<int64_t>(range_size, 1));
+    at::parallel_for(0, n, grain, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t start = s[i], end = i + 1 < n ? static_cast<int64_t>(s[i + 1]) : range_size;
+        for (int64_t j = start; j < end; ++j) d[j] = static_cast<index_t>(j - start);
+      }
+    });
+  });
+  return out;
+}
+
+// ------------------------------------------------------------------------------ segment sums
+
+at::Tensor segment_sum_csr(int64_t batch_size, const at::Tensor& csr_seg, const at::Tensor& values) {
+  const auto seg = as_i64(csr_seg, "csr_seg");
+  const int64_t n = std::max<int64_t>(static_cast<int64_t>(seg.size()) - 1, 0);
+  auto v = values.contiguous();
+  auto out = at::empty({n}, v.options());
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK_VALUE(seg[i] >= 0 && seg[i] <= seg[i + 1] && seg[i + 1] * batch_size <= v.numel(),
+                      "csr_seg: segment ", i, " is outside the values");
+  }
+  AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, v.scalar_type(), "segment_sum_csr", [&] {
+    const scalar_t* s = v.data_ptr<scalar_t>();
+    scalar_t* d = out.data_ptr<scalar_t>();
+    const int64_t work = n ? (seg[n] - seg[0]) * batch_size : 0;
+    const int64_t grain = std::max<int64_t>(1, n * kGrainElems / std::max<int64_t>(work, 1));
+    at::parallel_for(0, n, grain, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        scalar_t acc = 0;  // fbgemm accumulates in the value type
+        for (int64_t j = seg[i] * batch_size; j < seg[i + 1] * batch_size; ++j) acc += s[j];
+        d[i] = acc;
+      }
+    });
+  });
+  return out;
+}
+
+// ------------------------------------------------------------------------------ KJT select dim 1
+
+std::vector<at::Tensor> keyed_jagged_index_select_dim1(
+    const at::Tensor& values, const at::Tensor& lengths, const at::Tensor& offsets,
+    const at::Tensor& indices, int64_t batch_size, const c10::optional<at::Tensor>& weights,
+    c10::optional<int64_t> selected_lengths_sum) {
+  TORCH_CHECK_VALUE(batch_size > 0 && lengths.numel() % batch_size == 0,
+                    "batch_size: must be > 0 and divide len(lengths)");
+  const auto lens = as_i64(lengths, "lengths");
+  const auto off = as_i64(offsets, "offsets");
+  const auto sel = as_i64(indices, "indices");
+  TORCH_CHECK_VALUE(off.size() == lens.size() + 1, "offsets: needs len(lengths) + 1 entries");
+  const int64_t keys = static_cast<int64_t>(lens.size()) / batch_size;
+  const int64_t n_sel = static_cast<int64_t>(sel.size());
+  std::vector<int64_t> src(keys * n_sel), len(keys * n_sel);
+  for (int64_t k = 0; k < keys; ++k) {
+    for (int64_t i = 0; i < n_sel; ++i) {
+      TORCH_CHECK_VALUE(sel[i] >= 0 && sel[i] < batch_size, "indices: entry ", i, " is ", sel[i],
+                        ", outside [0, ", batch_size, ")");
+      const int64_t j = k * batch_size + sel[i];
+      TORCH_CHECK_VALUE(lens[j] >= 0 && off[j] >= 0 && off[j] + lens[j] <= values.size(0),
+                        "lengths, offsets: bag ", j, " is outside the values");
+      src[k * n_sel + i] = off[j];
+      len[k * n_sel + i] = lens[j];
+    }
+  }
+  auto dst = dst_offsets(len, selected_lengths_sum, "selected_lengths_sum");
+  auto out_lengths = at::empty({keys * n_sel}, lengths.options());
+  dispatch_index(lengths, "lengths", [&](auto z) {
+    using index_t = decltype(z);
+    index_t* p = out_lengths.data_ptr<index_t>();
+    for (int64_t i = 0; i < keys * n_sel; ++i) p[i] = static_cast<index_t>(len[i]);
+  });
+  auto v = values.contiguous();
+  auto out_values = empty_rows(v, dst.back());
+  dst.pop_back();
+  copy_segments(v, out_values, src, dst, len);
+  std::vector<at::Tensor> out = {out_values, out_lengths};
+  if (weights.has_value()) out.push_back(*copy_segments_opt(weights, out_values.size(0), src, dst, len));
+  return out;
+}
+
+// ------------------------------------------------------------------------------ pooled permutes
+
+// out[b, inv_off[t] : inv_off[t+1]] = in[b, off[p[t]] : off[p[t]+1]], for [B, C, ...] input.
+at::Tensor permute_pooled_embs(const at::Tensor& pooled_embs, const at::Tensor& offset_dim_list,
+                               const at::Tensor& permute_list, const at::Tensor& inv_offset_dim_list,
+                               const at::Tensor& inv_permute_list) {
+  TORCH_CHECK_VALUE(pooled_embs.dim() >= 2, "pooled_embs: expected [B, sum D, ...]");
+  auto x = pooled_embs.contiguous();
+  auto out = at::empty_like(x);
+  if (x.numel() == 0) return out;
+  const auto off = as_i64(offset_dim_list, "offset_dim_list");
+  const auto perm = as_i64(permute_list, "permute_list");
+  const auto inv_off = as_i64(inv_offset_dim_list, "inv_offset_dim_list");
+  const int64_t t = static_cast<int64_t>(perm.size());
+  const int64_t b = x.size(0), cols = x.size(1);
+  const int64_t cb = x.numel() / (b * cols) * static_cast<int64_t>(x.element_size());  // bytes per column
+  TORCH_CHECK_VALUE(static_cast<int64_t>(off.size()) == t + 1 &&
+                        static_cast<int64_t>(inv_off.size()) == t + 1,
+                    "offset_dim_list, inv_offset_dim_list: need len(permute_list) + 1 entries");
+  for (int64_t i = 0; i < t; ++i) {
+    TORCH_CHECK_VALUE(perm[i] >= 0 && perm[i] < t, "permute_list: entry ", i, " out of range");
+    const int64_t w = off[perm[i] + 1] - off[perm[i]];
+    TORCH_CHECK_VALUE(off[perm[i]] >= 0 && w >= 0 && off[perm[i] + 1] <= cols && inv_off[i] >= 0 &&
+                          inv_off[i] + w <= cols && inv_off[i + 1] - inv_off[i] == w,
+                      "offset_dim_list, inv_offset_dim_list: block ", i, " is inconsistent with ",
+                      cols, " columns");
+  }
+  const char* ip = static_cast<const char*>(x.data_ptr());
+  char* op = static_cast<char*>(out.data_ptr());
+  const int64_t rb = cols * cb;
+  const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(cols, 1));
+  at::parallel_for(0, b, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t r = b0; r < b1; ++r) {
+      for (int64_t i = 0; i < t; ++i) {
+        const int64_t w = off[perm[i] + 1] - off[perm[i]];
+        std::memcpy(op + r * rb + inv_off[i] * cb, ip + r * rb + off[perm[i]] * cb, w * cb);
+      }
+    }
+  });
+  return out;
+}
+
+// ------------------------------------------------------------------------------ bounds check
+
+// fbgemm's CPU bounds check (BoundsCheckMode FATAL=0, WARNING=1, IGNORE=2, NONE=3, V2_* = 4..6
+// as their v1 modes).  Offsets are repaired sequentially (bag k+1 starts where the repaired bag
+// k ends); ids are then checked per bag, in parallel, with the fix count reduced at the end.
+// Offsets of another dtype than the indices are checked on a converted copy (as fbgemm does:
+// repairs do not reach the caller's tensor).
+void bounds_check_indices(const at::Tensor& rows_per_table, at::Tensor& indices, at::Tensor& offsets,
+                          int64_t bounds_check_mode, at::Tensor& warning,
+                          const c10::optional<at::Tensor>& weights,
+                          const c10::optional<at::Tensor>& B_offsets, int64_t /*max_B*/,
+                          const c10::optional<at::Tensor>& /*b_t_map*/, int64_t /*info_B_num_bits*/,
+                          int64_t /*info_B_mask*/, int64_t /*bounds_check_version*/,
+                          bool /*prefetch_pipeline*/) {
+  int64_t mode = bounds_check_mode >= 4 ? (bounds_check_mode == 4 ? 2 : bounds_check_mode == 5 ? 1 : 0)
+                                        : bounds_check_mode;
+  if (mode == 3) return;
+  TORCH_CHECK_VALUE(indices.is_contiguous() && offsets.is_contiguous(),
+                    "indices, offsets: must be contiguous (they are repaired in place)");
+  const auto rows = as_i64(rows_per_table, "rows_per_table");
+  const int64_t t_count = static_cast<int64_t>(rows.size());
+  const int64_t n = indices.numel();
+  const int64_t total_b = offsets.numel() - 1;
+  TORCH_CHECK_VALUE(total_b >= 0, "offsets: needs at least one element");
+  if (weights.has_value() && weights->numel() != 0) {
+    TORCH_CHECK_VALUE(weights->size(0) == n, "weights: size ", weights->size(0),
+                      " is not equal to indices size ", n);
+  }
+  // table of each bag
+  std::vector<int64_t> bag_start_of_table(t_count + 1);
+  if (B_offsets.has_value()) {
+    const auto bo = as_i64(*B_offsets, "B_offsets");
+    TORCH_CHECK_VALUE(static_cast<int64_t>(bo.size()) == t_count + 1 && bo[t_count] == total_b,
+                      "B_offsets: needs T + 1 entries ending at the number of bags");
+    bag_start_of_table.assign(bo.begin(), bo.end());
+  } else {
+    TORCH_CHECK_VALUE(t_count > 0 && total_b % t_count == 0, "offsets: size ", offsets.numel(),
+                      " is not B * T + 1 for T=", t_count);
+    for (int64_t t = 0; t <= t_count; ++t) bag_start_of_table[t] = t * (total_b / t_count);
+  }
+  at::Tensor offs = offsets.scalar_type() == indices.scalar_type() ? offsets
+                                                                   : offsets.to(indices.scalar_type());
+  int64_t fixes = 0;
+  dispatch_index(indices, "indices", [&](auto z) {
+    using index_t = decltype(z);
+    index_t* o = offs.data_ptr<index_t>();
+    index_t* idx = indices.data_ptr<index_t>();
+    if (static_cast<int64_t>(o[total_b]) != n) {
+      TORCH_CHECK_VALUE(mode != 0, "offsets: last offset ", static_cast<int64_t>(o[total_b]),
+                        " != number of indices ", n);
+      ++fixes;
+      o[total_b] = static_cast<index_t>(n);
+    }
+    for (int64_t k = 0; k < total_b; ++k) {
+      int64_t s = o[k], e = o[k + 1];
+      if (s < 0 || s > e || e > n) {
+        TORCH_CHECK_VALUE(mode != 0, "offsets: bag ", k, " spans [", s, ", ", e,
+                          ") outside 0 <= start <= end <= ", n);
+        ++fixes;
+        s = std::max<int64_t>(0, std::min(s, n));
+        e = std::max(s, std::min(e, n));
+        o[k] = static_cast<index_t>(s);
+        o[k + 1] = static_cast<index_t>(e);
+      }
+    }
+    std::vector<int64_t> bad_per_table(t_count, 0);
+    for (int64_t t = 0; t < t_count; ++t) {
+      const int64_t b0 = bag_start_of_table[t], b1 = bag_start_of_table[t + 1];
+      const int64_t num_rows = rows[t];
+      const int64_t work = static_cast<int64_t>(o[b1]) - static_cast<int64_t>(o[b0]);
+      const int64_t grain = std::max<int64_t>(1, (b1 - b0) * kGrainElems / std::max<int64_t>(work, 1));
+      bad_per_table[t] = at::parallel_reduce(
+          b0, b1, grain, int64_t(0),
+          [&](int64_t k0, int64_t k1, int64_t bad) {
+            for (int64_t i = o[k0]; i < static_cast<int64_t>(o[k1]); ++i) {
+              const int64_t v = idx[i];
+              if (v == -1 || (v >= 0 && v < num_rows)) continue;
+              TORCH_CHECK_VALUE(mode != 0, "indices: indices[", i, "]=", v, " of table ", t,
+                                " is outside [0, ", num_rows, ")");
+              ++bad;
+              idx[i] = 0;
+            }
+            return bad;
+          },
+          std::plus<int64_t>());
+    }
+    for (auto c : bad_per_table) fixes += c;
+  });
+  if (mode == 1) {
+    warning.zero_();
+    warning.add_(fixes);
+  }
+}
+
+// ------------------------------------------------------------------------------ block bucketize
+
+namespace {
+
+struct Bucketizer {
+  // per feature
+  std::vector<int64_t> blk, gnb, lnb;
+  std::vector<uint8_t> keep;
+  std::vector<std::vector<int64_t>> bounds;  // uneven: boundaries per feature (empty: even)
+  int64_t my_size = 1;
+
+  // (bucket, new id) of id x of feature t, with fbgemm's unsigned reading of x.
+  template <typename index_t>
+  inline std::pair<int64_t, index_t> operator()(int64_t t, index_t x) const {
+    using uindex_t = std::make_unsigned_t<index_t>;
+    const uindex_t u = static_cast<uindex_t>(x);
+    const int64_t b = blk[t], g = gnb[t];
+    int64_t p;
+    index_t nx;
+    const auto& bd = bounds[t];
+    if (!bd.empty()) {
+      const int64_t nb = static_cast<int64_t>(bd.size());
+      int64_t lb;
+      if (b == 0) {
+        const int64_t folded = static_cast<int64_t>(u % static_cast<uindex_t>(g));
+        const int64_t cmp = folded * bd[nb - 1] / g;
+        lb = std::upper_bound(bd.begin(), bd.end(), cmp) - bd.begin() - 1;
+      } else if (x < 0) {
+        lb = nb - 1;
+      } else {
+        lb = std::upper_bound(bd.begin(), bd.end(), static_cast<int64_t>(x)) - bd.begin() - 1;
+      }
+      const bool in_range = lb < my_size;
+      p = in_range ? lb : static_cast<int64_t>(u % static_cast<uindex_t>(my_size));
+      if (b == 0) {
+        nx = static_cast<index_t>(u / static_cast<uindex_t>(g));
+      } else if (in_range) {
+        nx = static_cast<index_t>(static_cast<int64_t>(x) - bd[std::max<int64_t>(lb, 0)]);
+      } else {
+        nx = static_cast<index_t>(u / static_cast<uindex_t>(my_size));
+      }
+    } else {
+      const int64_t local = b * lnb[t];
+      if (x >= 0 && static_cast<int64_t>(x) < b * g) {
+        p = static_cast<int64_t>(x) / local;
+        nx = static_cast<index_t>(static_cast<int64_t>(x) % local);
+      } else {
+        p = static_cast<int64_t>(u % static_cast<uindex_t>(g)) / std::max<int64_t>(lnb[t], 1);
+        nx = static_cast<index_t>(u / static_cast<uindex_t>(g));
+      }
+    }
+    if (keep[t]) nx = x;
+    return {p, nx};
+  }
+};
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, c10::optional<at::Tensor>, c10::optional<at::Tensor>,
+           c10::optional<at::Tensor>>
+block_bucketize_sparse_features(const at::Tensor& lengths, const at::Tensor& indices,
+                                bool bucketize_pos, bool sequence, const at::Tensor& block_sizes,
+                                int64_t my_size, const c10::optional<at::Tensor>& weights,
+                                const c10::optional<at::Tensor>& batch_size_per_feature,
+                                int64_t /*max_B*/,
+                                const c10::optional<std::vector<at::Tensor>>& block_bucketize_pos,
+                                bool keep_orig_idx, const c10::optional<at::Tensor>& total_num_blocks,
+                                const c10::optional<at::Tensor>& keep_orig_idx_per_feature) {
+  TORCH_CHECK_VALUE(my_size > 0, "my_size: must be > 0");
+  const auto lens = as_i64(lengths, "lengths");
+  const auto off = offsets_of(lens, "lengths");
+  const int64_t n_len = static_cast<int64_t>(lens.size());
+  const int64_t n = indices.numel();
+  TORCH_CHECK_VALUE(off.back() == n, "lengths: sum to ", off.back(), " but there are ", n,
+                    " indices");
+  Bucketizer bk;
+  bk.my_size = my_size;
+  bk.blk = as_i64(block_sizes, "block_sizes");
+  const int64_t t_count = static_cast<int64_t>(bk.blk.size());
+  if (total_num_blocks.has_value()) {
+    bk.gnb = as_i64(*total_num_blocks, "total_num_blocks");
+    TORCH_CHECK_VALUE(static_cast<int64_t>(bk.gnb.size()) == t_count,
+                      "total_num_blocks: needs one entry per feature");
+    for (auto g : bk.gnb) TORCH_CHECK_VALUE(g > 0, "total_num_blocks: entries must be > 0");
+  } else {
+    bk.gnb.assign(t_count, my_size);
+  }
+  bk.lnb.resize(t_count);
+  for (int64_t t = 0; t < t_count; ++t) bk.lnb[t] = bk.gnb[t] / my_size;
+  bk.keep.assign(t_count, keep_orig_idx ? 1 : 0);
+  if (keep_orig_idx_per_feature.has_value()) {
+    auto k = keep_orig_idx_per_feature->to(at::kBool).contiguous();
+    TORCH_CHECK_VALUE(k.numel() == t_count, "keep_orig_idx_per_feature: needs one entry per feature");
+    for (int64_t t = 0; t < t_count; ++t) bk.keep[t] = k.data_ptr<bool>()[t] ? 1 : 0;
+  }
+  bk.bounds.assign(t_count, {});
+  const bool uneven = block_bucketize_pos.has_value() && !block_bucketize_pos->empty();
+  if (uneven) {
+    TORCH_CHECK_VALUE(static_cast<int64_t>(block_bucketize_pos->size()) == t_count,
+                      "block_bucketize_pos: needs one tensor per feature");
+    for (int64_t t = 0; t < t_count; ++t) {
+      bk.bounds[t] = as_i64((*block_bucketize_pos)[t], "block_bucketize_pos");
+      TORCH_CHECK_VALUE(!bk.bounds[t].empty(), "block_bucketize_pos: feature ", t,
+                        " has no boundaries");
+    }
+  }
+  for (int64_t t = 0; t < t_count; ++t) {
+    TORCH_CHECK_VALUE(uneven || bk.blk[t] == 0 || bk.lnb[t] > 0,
+                      "total_num_blocks: entries must be >= my_size");
+  }
+  // feature of each bag
+  std::vector<int32_t> bag_table(n_len);
+  if (batch_size_per_feature.has_value()) {
+    const auto bpf = as_i64(*batch_size_per_feature, "batch_size_per_feature");
+    TORCH_CHECK_VALUE(static_cast<int64_t>(bpf.size()) == t_count,
+                      "batch_size_per_feature: needs one entry per feature");
+    int64_t k = 0;
+    for (int64_t t = 0; t < t_count; ++t) {
+      TORCH_CHECK_VALUE(bpf[t] >= 0 && k + bpf[t] <= n_len,
+                        "batch_size_per_feature: must sum to len(lengths)");
+      for (int64_t j = 0; j < bpf[t]; ++j) bag_table[k++] = static_cast<int32_t>(t);
+    }
+    TORCH_CHECK_VALUE(k == n_len, "batch_size_per_feature: must sum to len(lengths)");
+  } else {
+    TORCH_CHECK_VALUE(t_count > 0 ? n_len % t_count == 0 : n_len == 0,
+                      "lengths: ", n_len, " entries is not B * T for T=", t_count);
+    const int64_t b = t_count ? n_len / t_count : 0;
+    for (int64_t k = 0; k < n_len; ++k) bag_table[k] = static_cast<int32_t>(k / std::max<int64_t>(b, 1));
+  }
+
+  auto out_lengths = at::zeros({my_size * n_len}, lengths.options());
+  auto out_indices = at::empty({n}, indices.options());
+  c10::optional<at::Tensor> out_weights, out_pos, unbucketize;
+  at::Tensor w;
+  if (weights.has_value()) {
+    w = weights->contiguous();
+    TORCH_CHECK_VALUE(w.dim() >= 1 && w.size(0) == n, "weights: needs one entry per index");
+    out_weights = empty_rows(w, n);
+  }
+  if (bucketize_pos) out_pos = at::empty({n}, indices.options());
+  if (sequence) unbucketize = at::empty({n}, indices.options());
+  auto idx_c = indices.contiguous();
+  std::vector<int32_t> bucket(n);
+  std::vector<int64_t> count(my_size * n_len, 0);  // [p * n_len + bag]
+  const int64_t grain = std::max<int64_t>(1, n_len * kGrainElems / std::max<int64_t>(n, 1));
+
+  dispatch_index(idx_c, "indices", [&](auto z) {
+    using index_t = decltype(z);
+    const index_t* x = idx_c.data_ptr<index_t>();
+    index_t* ox = out_indices.data_ptr<index_t>();
+    // pass 1: bucket of every id, counts per (bucket, bag)
+    at::parallel_for(0, n_len, grain, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k) {
+        const int64_t t = bag_table[k];
+        for (int64_t i = off[k]; i < off[k + 1]; ++i) {
+          const int64_t p = bk(t, x[i]).first;
+          TORCH_CHECK_VALUE(p >= 0 && p < my_size, "indices: id ", static_cast<int64_t>(x[i]),
+                            " of feature ", t, " maps to bucket ", p, ", outside [0, my_size=",
+                            my_size, "): check block_sizes / block_bucketize_pos / total_num_blocks");
+          bucket[i] = static_cast<int32_t>(p);
+          ++count[p * n_len + k];
+        }
+      }
+    });
+    // bucket-major output offsets (exclusive scan over (bucket, bag))
+    std::vector<int64_t> cursor(my_size * n_len);
+    int64_t acc = 0;
+    for (int64_t j = 0; j < my_size * n_len; ++j) {
+      cursor[j] = acc;
+      acc += count[j];
+    }
+    dispatch_index(lengths, "lengths", [&](auto zl) {
+      using len_t = decltype(zl);
+      len_t* ol = out_lengths.data_ptr<len_t>();
+      for (int64_t j = 0; j < my_size * n_len; ++j) ol[j] = static_cast<len_t>(count[j]);
+    });
+    // pass 2: place every id; a (bucket, bag) slot is written only by its bag's iteration
+    const int64_t wb = w.defined() ? row_bytes(w) : 0;
+    const char* wp = w.defined() ? static_cast<const char*>(w.data_ptr()) : nullptr;
+    char* owp = out_weights.has_value() ? static_cast<char*>(out_weights->data_ptr()) : nullptr;
+    index_t* opos = out_pos.has_value() ? out_pos->data_ptr<index_t>() : nullptr;
+    index_t* unb = unbucketize.has_value() ? unbucketize->data_ptr<index_t>() : nullptr;
+    at::parallel_for(0, n_len, grain, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k) {
+        const int64_t t = bag_table[k];
+        for (int64_t i = off[k]; i < off[k + 1]; ++i) {
+          const int64_t p = bucket[i];
+          const int64_t dst = cursor[p * n_len + k]++;
+          ox[dst] = bk(t, x[i]).second;
+          if (owp) std::memcpy(owp + dst * wb, wp + i * wb, wb);
+          if (opos) opos[dst] = static_cast<index_t>(i - off[k]);
+          if (unb) unb[i] = static_cast<index_t>(dst);
+        }
+      }
+    });
+  });
+  return {out_lengths, out_indices, out_weights, out_pos, unbucketize};
+}
+
+void bind_sparse(pybind11::module& m) {
+  m.def("asynchronous_exclusive_cumsum", &asynchronous_exclusive_cumsum);
+  m.def("asynchronous_inclusive_cumsum", &asynchronous_inclusive_cumsum);
+  m.def("permute_2D_sparse_data", &permute_2D_sparse_data);
+  m.def("permute_1D_sparse_data", &permute_1D_sparse_data);
+  m.def("invert_permute", &invert_permute);
+  m.def("expand_into_jagged_permute", &expand_into_jagged_permute);
+  m.def("offsets_range", &offsets_range);
+  m.def("segment_sum_csr", &segment_sum_csr);
+  m.def("keyed_jagged_index_select_dim1", &keyed_jagged_index_select_dim1);
+  m.def("permute_pooled_embs", &permute_pooled_embs);
+  m.def("bounds_check_indices", &bounds_check_indices);
+  m.def("block_bucketize_sparse_features", &block_bucketize_sparse_features);
+}
+
+}  // namespace torchrec_ascend
