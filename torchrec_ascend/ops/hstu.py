@@ -74,7 +74,7 @@ register(OpSpec(
     name="hstu_mha",
     schema=f"({_ARGS}) -> Tensor",
     reference=ref.hstu_mha,
-    triton=None,  # TRITON_HSTU_FWD
+    triton=triton_impl("hstu", "hstu_mha_fwd"),
     cpu_kernel="hstu_mha_fwd",
     fake=_fwd_fake,
     backward=_backward,
@@ -86,7 +86,7 @@ register(OpSpec(
     name="hstu_mha_backward",
     schema=f"(Tensor grad_out, {_ARGS}) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     reference=ref.hstu_mha_backward,
-    triton=None,  # TRITON_HSTU_BWD
+    triton=triton_impl("hstu", "hstu_mha_bwd"),
     cpu_kernel="hstu_mha_bwd",
     fake=_bwd_fake,
     fbgemm=False,
