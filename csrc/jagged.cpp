@@ -1,10 +1,12 @@
-// CPU kernels for jagged <-> padded dense conversion and the complete cumsum.
+// CPU kernels for jagged <-> padded dense conversion, the complete cumsum and the jagged
+// batched GEMMs (jagged_jagged_bmm / jagged_dense_bmm: one BLAS GEMM per sequence).
 // One jagged dimension; values are [T, *inner] and handled as [T, D] rows.
 // OpenMP over (sequence, row) pairs; each output row is a single contiguous copy or fill.
 #include <torch/extension.h>
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "torchrec_ascend.h"
@@ -25,6 +27,14 @@ std::vector<int64_t> offsets_vec(const at::Tensor& off) {
   auto c = off.contiguous();
   const index_t* p = c.data_ptr<index_t>();
   return std::vector<int64_t>(p, p + c.numel());
+}
+
+// Elements per row: the product of the sizes from dimension `from` on (right for empty tensors,
+// unlike numel / rows).
+int64_t row_width(const at::Tensor& t, int64_t from) {
+  int64_t d = 1;
+  for (int64_t i = from; i < t.dim(); ++i) d *= t.size(i);
+  return d;
 }
 
 std::vector<int64_t> to_vec(const at::Tensor& off) {
@@ -69,6 +79,33 @@ void dense_to_jagged_rows(const scalar_t* src, const std::vector<int64_t>& off, 
   if (total > off.back()) std::fill(dst + off.back() * D, dst + total * D, scalar_t(0));
 }
 
+// Sequences ordered longest first: with dynamic scheduling the heavy tail starts early
+// (longest-processing-time-first), so no thread is left finishing one long sequence alone.
+std::vector<int64_t> longest_first(const std::vector<int64_t>& off, int64_t max_L) {
+  const int64_t B = static_cast<int64_t>(off.size()) - 1;
+  std::vector<int64_t> order(B);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return std::min(off[a + 1] - off[a], max_L) > std::min(off[b + 1] - off[b], max_L);
+  });
+  return order;
+}
+
+// body(b, start, used_rows, all_rows) for every sequence; OpenMP over sequences, dynamic
+// schedule.  GEMMs called inside run single-threaded (nested parallel region).
+template <typename F>
+void for_each_sequence(const std::vector<int64_t>& off, int64_t max_L, F&& body) {
+  const auto order = longest_first(off, max_L);
+  const int64_t B = static_cast<int64_t>(order.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < B; ++i) {
+    at::AutoDispatchBelowADInplaceOrView guard;  // worker threads: plain kernels, no autograd
+    const int64_t b = order[i];
+    const int64_t full = off[b + 1] - off[b];
+    body(b, off[b], std::max<int64_t>(std::min(full, max_L), 0), full);
+  }
+}
+
 }  // namespace
 
 at::Tensor jagged_to_padded_dense_forward(const at::Tensor& values,
@@ -80,7 +117,7 @@ at::Tensor jagged_to_padded_dense_forward(const at::Tensor& values,
   const int64_t B = static_cast<int64_t>(off.size()) - 1;
   const int64_t N = max_lengths[0];
   auto v = values.contiguous();
-  const int64_t D = v.dim() > 1 ? v.numel() / std::max<int64_t>(v.size(0), 1) : 1;
+  const int64_t D = row_width(v, 1);
   std::vector<int64_t> out_shape = {B, N};
   for (int64_t i = 1; i < v.dim(); ++i) out_shape.push_back(v.size(i));
   auto out = at::empty(out_shape, v.options());
@@ -100,7 +137,7 @@ at::Tensor dense_to_jagged_forward(const at::Tensor& dense, const std::vector<at
   const int64_t N = dense.size(1);
   const int64_t total = total_L.has_value() ? *total_L : off.back();
   auto x = dense.contiguous();
-  const int64_t D = (B * N) > 0 ? x.numel() / (B * N) : 1;
+  const int64_t D = row_width(x, 2);
   std::vector<int64_t> out_shape = {total};
   for (int64_t i = 2; i < x.dim(); ++i) out_shape.push_back(x.size(i));
   auto out = at::empty(out_shape, x.options());
@@ -133,11 +170,50 @@ at::Tensor asynchronous_complete_cumsum(const at::Tensor& t_in) {
   return out;
 }
 
+at::Tensor jagged_jagged_bmm_forward(const at::Tensor& x_values, const at::Tensor& y_values,
+                                     const at::Tensor& x_offsets, int64_t max_L) {
+  TORCH_CHECK(x_values.dim() == 2 && y_values.dim() == 2, "x_values, y_values: expected 2-D");
+  const auto off = to_vec(x_offsets);
+  const int64_t B = static_cast<int64_t>(off.size()) - 1;
+  auto x = x_values.contiguous();
+  auto y = y_values.contiguous();
+  auto out = at::empty({B, x.size(1), y.size(1)}, x.options());
+  for_each_sequence(off, max_L, [&](int64_t b, int64_t start, int64_t len, int64_t) {
+    auto o = out.select(0, b);
+    if (len == 0) {
+      o.zero_();
+    } else {
+      at::mm_out(o, x.narrow(0, start, len).t(), y.narrow(0, start, len));
+    }
+  });
+  return out;
+}
+
+at::Tensor jagged_dense_bmm_forward(const at::Tensor& x_values, const at::Tensor& x_offsets,
+                                    const at::Tensor& y, int64_t max_L) {
+  TORCH_CHECK(x_values.dim() == 2 && y.dim() == 3, "x_values: expected 2-D, y: 3-D");
+  const auto off = to_vec(x_offsets);
+  auto x = x_values.contiguous();
+  auto yc = y.contiguous();
+  auto out = at::empty({x.size(0), yc.size(2)}, x.options());
+  for_each_sequence(off, max_L, [&](int64_t b, int64_t start, int64_t len, int64_t full) {
+    if (len > 0) {
+      auto o = out.narrow(0, start, len);
+      at::mm_out(o, x.narrow(0, start, len), yc.select(0, b));
+    }
+    if (full > len) out.narrow(0, start + len, full - len).zero_();  // rows past max_L
+  });
+  if (x.size(0) > off.back()) out.narrow(0, off.back(), x.size(0) - off.back()).zero_();
+  return out;
+}
+
 void bind_jagged(pybind11::module& m) {
   m.def("jagged_to_padded_dense_forward", &jagged_to_padded_dense_forward);
   m.def("dense_to_jagged_forward", &dense_to_jagged_forward);
   m.def("jagged_to_padded_dense_backward", &jagged_to_padded_dense_backward);
   m.def("asynchronous_complete_cumsum", &asynchronous_complete_cumsum);
+  m.def("jagged_jagged_bmm_forward", &jagged_jagged_bmm_forward);
+  m.def("jagged_dense_bmm_forward", &jagged_dense_bmm_forward);
 }
 
 }  // namespace torchrec_ascend

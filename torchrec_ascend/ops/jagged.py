@@ -13,7 +13,7 @@ import torch
 from . import _checks
 from ._util import triton_impl
 from .reference import jagged as ref
-from .registry import OpSpec, register
+from .registry import OpSpec, choose, register
 
 __all__ = [
     "jagged_to_padded_dense",
@@ -35,6 +35,15 @@ __all__ = [
 
 _ops = torch.ops.torchrec_ascend
 OffsetsLike = Union[torch.Tensor, Sequence[torch.Tensor]]
+
+OP_NAMES: List[str] = []
+"""Every op this module registers (public ops and their ``_forward``/``_backward`` parts), in
+registration order: what ``use_backend(..., ops=OP_NAMES)`` needs to force the whole family."""
+
+
+def _register(s: OpSpec) -> OpSpec:
+    OP_NAMES.append(s.name)
+    return register(s)
 
 
 # --------------------------------------------------------------------------- specs
@@ -76,7 +85,7 @@ def _d2j_backward(ctx, grad):
     return grad_dense, [None] * len(ctx.offsets), None
 
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_to_padded_dense_forward",
     schema="(Tensor values, Tensor[] offsets, SymInt[] max_lengths, float padding_value=0.) -> Tensor",
     reference=ref.jagged_to_padded_dense_forward,
@@ -89,7 +98,7 @@ register(OpSpec(
     fbgemm_ascend=True,
 ))
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_to_padded_dense_backward",
     schema="(Tensor grad_output, Tensor[] offsets, SymInt total_L) -> Tensor",
     reference=ref.jagged_to_padded_dense_backward,
@@ -100,7 +109,7 @@ register(OpSpec(
     fbgemm_ascend=True,
 ))
 
-register(OpSpec(
+_register(OpSpec(
     name="dense_to_jagged_forward",
     schema="(Tensor dense, Tensor[] x_offsets, SymInt? total_L=None) -> Tensor",
     reference=ref.dense_to_jagged_forward,
@@ -146,7 +155,7 @@ def _d2j_composite_backward(ctx, grad, _grad_offsets):
     return _d2j_backward(ctx, grad)
 
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_to_padded_dense",
     schema="(Tensor values, Tensor[] offsets, SymInt[] max_lengths, float padding_value=0.) -> Tensor",
     reference=_j2pd_composite,
@@ -157,7 +166,7 @@ register(OpSpec(
     decomposes_in_fbgemm=True,
 ))
 
-register(OpSpec(
+_register(OpSpec(
     name="dense_to_jagged",
     schema="(Tensor dense, Tensor[] x_offsets, SymInt? total_L=None) -> (Tensor, Tensor[])",
     reference=_d2j_composite,
@@ -199,7 +208,7 @@ def _single_off_backward(ctx, grad):
     return grad_values, None, None, None
 
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_1d_to_dense",
     schema="(Tensor values, Tensor offsets, SymInt max_sequence_length, int padding_value) -> Tensor",
     reference=_j1d,
@@ -209,7 +218,7 @@ register(OpSpec(
     fbgemm=True,
 ))
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_2d_to_dense",
     schema="(Tensor values, Tensor offsets, SymInt max_sequence_length) -> Tensor",
     reference=_j2d2,
@@ -266,7 +275,7 @@ def _stacked_backward(ctx, grads):
     return grad_values, None, None, None, None
 
 
-register(OpSpec(
+_register(OpSpec(
     name="stacked_jagged_2d_to_dense_forward",
     schema=_STACKED_ARGS + " -> (Tensor[], Tensor[])",
     reference=ref.stacked_jagged_2d_to_dense_forward,
@@ -274,7 +283,7 @@ register(OpSpec(
     fbgemm=True,
 ))
 
-register(OpSpec(
+_register(OpSpec(
     name="stacked_jagged_2d_to_dense_backward",
     schema="(int B, int D, int total_L, Tensor[] grad_padded_values_per_key, "
     "Tensor[] offsets_tensor_per_key, int[] offset_per_key) -> Tensor",
@@ -283,7 +292,7 @@ register(OpSpec(
     fbgemm=True,
 ))
 
-register(OpSpec(
+_register(OpSpec(
     name="stacked_jagged_2d_to_dense",
     schema=_STACKED_ARGS + " -> Tensor[]",
     reference=_stacked,
@@ -353,7 +362,7 @@ def _jdd(x_values, x_offsets, y_0, y_1):
     return out, _clone_offsets(x_offsets)
 
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_dense_elementwise_add",
     schema=_JD_ARGS + " -> Tensor",
     reference=ref.jagged_dense_elementwise_add,
@@ -363,7 +372,7 @@ register(OpSpec(
     fbgemm=True,
 ))
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_dense_elementwise_add_jagged_output",
     schema=_JD_ARGS + " -> (Tensor, Tensor[])",
     reference=ref.jagged_dense_elementwise_add_jagged_output,
@@ -373,7 +382,7 @@ register(OpSpec(
     fbgemm=True,
 ))
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_dense_elementwise_mul_forward",
     schema=_JD_ARGS + " -> Tensor",
     reference=ref.jagged_dense_elementwise_mul_forward,
@@ -383,7 +392,7 @@ register(OpSpec(
     fbgemm=True,
 ))
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_dense_elementwise_mul_backward",
     schema="(Tensor grad_output, Tensor[] x_offsets, Tensor y, Tensor x_values) -> (Tensor, Tensor)",
     reference=ref.jagged_dense_elementwise_mul_backward,
@@ -392,7 +401,7 @@ register(OpSpec(
     fbgemm=True,
 ))
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_dense_elementwise_mul",
     schema=_JD_ARGS + " -> (Tensor, Tensor[])",
     reference=_jd_mul,
@@ -402,7 +411,7 @@ register(OpSpec(
     fbgemm=True,
 ))
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_dense_dense_elementwise_add_jagged_output_forward",
     schema="(Tensor x_values, Tensor[] x_offsets, Tensor y_0, Tensor y_1) -> Tensor",
     reference=ref.jagged_dense_dense_elementwise_add_jagged_output_forward,
@@ -412,7 +421,7 @@ register(OpSpec(
     fbgemm=True,
 ))
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_dense_dense_elementwise_add_jagged_output",
     schema="(Tensor x_values, Tensor[] x_offsets, Tensor y_0, Tensor y_1) -> (Tensor, Tensor[])",
     reference=_jdd,
@@ -433,16 +442,28 @@ def _softmax_setup(ctx, inputs, output):
     ctx.save_for_backward(output[0] if isinstance(output, (tuple, list)) else output)
 
 
+def _zero_past_max_L(op: str, t: torch.Tensor, offsets: torch.Tensor, max_L: int) -> torch.Tensor:
+    """fbgemm's softmax kernels leave the rows past ``max_L`` uninitialised; where fbgemm runs
+    ``op``, set them to 0 (the value every other backend writes)."""
+    device = t.device.type
+    if device not in ("cpu", "cuda") or choose(op, device)[0] != "fbgemm":
+        return t
+    _, pos = ref.jagged_rows(offsets, t.shape[0])
+    return t.masked_fill((pos >= max_L).unsqueeze(1), 0)
+
+
 def _softmax_backward(ctx, grad, *_grad_offsets):
     (out,) = ctx.saved_tensors
-    return _ops.jagged_softmax_backward(grad, out, ctx.offsets, ctx.max_L), None, None
+    grad_values = _ops.jagged_softmax_backward(grad, out, ctx.offsets, ctx.max_L)
+    grad_values = _zero_past_max_L("jagged_softmax_backward", grad_values, ctx.offsets, ctx.max_L)
+    return grad_values, None, None
 
 
 def _softmax(values, x_offsets, max_L):
     return _ops.jagged_softmax_forward(values, x_offsets, max_L), x_offsets.clone()
 
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_softmax_forward",
     schema="(Tensor values, Tensor x_offsets, int max_L) -> Tensor",
     reference=ref.jagged_softmax_forward,
@@ -453,7 +474,7 @@ register(OpSpec(
     fbgemm=True,
 ))
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_softmax_backward",
     schema="(Tensor grad_output, Tensor output, Tensor x_offsets, int max_L) -> Tensor",
     reference=ref.jagged_softmax_backward,
@@ -462,7 +483,7 @@ register(OpSpec(
     fbgemm=True,
 ))
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_softmax",
     schema="(Tensor values, Tensor x_offsets, int max_L) -> (Tensor, Tensor)",
     reference=_softmax,
@@ -523,7 +544,7 @@ def _jdb(x_values, x_offsets, y, max_L):
     return _ops.jagged_dense_bmm_forward(x_values, x_offsets, y, max_L), x_offsets.clone()
 
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_jagged_bmm_forward",
     schema="(Tensor x_values, Tensor y_values, Tensor x_offsets, int max_L) -> Tensor",
     reference=ref.jagged_jagged_bmm_forward,
@@ -535,7 +556,7 @@ register(OpSpec(
     fbgemm=True,
 ))
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_jagged_bmm",
     schema="(Tensor x_values, Tensor y_values, Tensor x_offsets, int max_L) -> Tensor",
     reference=lambda x_values, y_values, x_offsets, max_L: _ops.jagged_jagged_bmm_forward(
@@ -546,7 +567,7 @@ register(OpSpec(
     fbgemm=True,
 ))
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_dense_bmm_forward",
     schema="(Tensor x_values, Tensor x_offsets, Tensor y, int max_L) -> Tensor",
     reference=ref.jagged_dense_bmm_forward,
@@ -558,7 +579,7 @@ register(OpSpec(
     fbgemm=True,
 ))
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_dense_bmm",
     schema="(Tensor x_values, Tensor x_offsets, Tensor y, int max_L) -> (Tensor, Tensor)",
     reference=_jdb,
@@ -588,11 +609,11 @@ def _bdv_backward(ctx, grad):
 
 def _bdv_fake(v, a_values, a_offsets):
     b = a_offsets.shape[0] - 1
-    h = v.shape[0] // b if b else 0
+    h = ref.heads(v.shape[0], b)
     return v.new_empty((v.shape[0], a_values.shape[1] // h if h else 0))
 
 
-register(OpSpec(
+_register(OpSpec(
     name="batched_dense_vec_jagged_2d_mul_forward",
     schema="(Tensor v, Tensor a_values, Tensor a_offsets) -> Tensor",
     reference=ref.batched_dense_vec_jagged_2d_mul_forward,
@@ -602,7 +623,7 @@ register(OpSpec(
     fbgemm=True,
 ))
 
-register(OpSpec(
+_register(OpSpec(
     name="batched_dense_vec_jagged_2d_mul_backward",
     schema="(Tensor grad_output, Tensor v, Tensor a_values, Tensor a_offsets) -> (Tensor, Tensor)",
     reference=ref.batched_dense_vec_jagged_2d_mul_backward,
@@ -611,7 +632,7 @@ register(OpSpec(
     fbgemm=True,
 ))
 
-register(OpSpec(
+_register(OpSpec(
     name="batched_dense_vec_jagged_2d_mul",
     schema="(Tensor v, Tensor a_values, Tensor a_offsets) -> Tensor",
     reference=lambda v, a_values, a_offsets: _ops.batched_dense_vec_jagged_2d_mul_forward(
@@ -660,7 +681,7 @@ def _slice_fake(x_values, x_lengths, start, slice_length):
     return x_values.new_empty((rows,) + tuple(x_values.shape[1:])), torch.empty_like(x_lengths)
 
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_index_select",
     schema="(Tensor values, Tensor lengths, Tensor indices, int? num_dense_output_rows=None) "
     "-> Tensor[]",
@@ -672,7 +693,7 @@ register(OpSpec(
     decomposes_in_fbgemm=True,
 ))
 
-register(OpSpec(
+_register(OpSpec(
     name="jagged_slice",
     schema="(Tensor x_values, Tensor x_lengths, Tensor start, int slice_length) -> (Tensor, Tensor)",
     reference=ref.jagged_slice,
@@ -855,10 +876,13 @@ def jagged_dense_dense_elementwise_add_jagged_output(
 def jagged_softmax(values: torch.Tensor, x_offsets: torch.Tensor, max_L: int,
                    validate: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """Softmax over each sequence (its first ``max_L`` rows), per column of ``values [T, D]``;
-    rows past ``max_L`` are 0 (fbgemm leaves them undefined).  Returns ``(output, x_offsets)``."""
+    rows past ``max_L`` are 0, and so is their gradient (fbgemm's kernels leave them
+    uninitialised: the raw ``torch.ops.*.jagged_softmax*`` ops on the fbgemm backend keep that
+    behaviour, this entry point zeroes them).  Returns ``(output, x_offsets)``."""
     _checks.check_jagged("values", values, "x_offsets", x_offsets, validate, dim=2)
     _checks.check_nonneg_int("max_L", max_L)
-    return _ops.jagged_softmax(values, x_offsets, max_L)
+    out, offsets = _ops.jagged_softmax(values, x_offsets, max_L)
+    return _zero_past_max_L("jagged_softmax", out, x_offsets, max_L), offsets
 
 
 def jagged_jagged_bmm(x_values: torch.Tensor, y_values: torch.Tensor, x_offsets: torch.Tensor,

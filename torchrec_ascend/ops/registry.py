@@ -260,7 +260,28 @@ def _impl(name: str, backend: str) -> Impl:
 def run(name: str, device: str, *args):
     """Run op ``name`` on ``device`` with the chosen backend (what the dispatcher kernels do)."""
     backend, _ = choose(name, device)
-    return _impl(name, backend)(*args)
+    out = _impl(name, backend)(*args)
+    if backend in ("fbgemm", "fbgemm_ascend"):
+        out = _unalias(out, args)
+    return out
+
+
+def _unalias(out, args: tuple):
+    """fbgemm hands some inputs back as outputs (the offsets of jagged outputs); the outputs of a
+    ``torchrec_ascend::`` op may not alias its inputs (schema), so those come back as copies."""
+    inputs = [t for a in args for t in (a if isinstance(a, (list, tuple)) else (a,))
+              if isinstance(t, torch.Tensor)]
+    ptrs = {t.untyped_storage().data_ptr() for t in inputs} - {0}
+
+    def fix(o):
+        if isinstance(o, torch.Tensor):
+            aliased = any(o is t for t in inputs) or o.untyped_storage().data_ptr() in ptrs
+            return o.clone() if aliased else o
+        if isinstance(o, (list, tuple)):
+            return type(o)(fix(x) for x in o)
+        return o
+
+    return fix(out)
 
 
 # --------------------------------------------------------------------------- forcing

@@ -21,6 +21,7 @@ def padded_index(offsets: torch.Tensor, max_len: int) -> Tuple[torch.Tensor, tor
 
     Sequences longer than ``max_len`` keep their first ``max_len`` items (fbgemm semantics).
     """
+    offsets = offsets.to(torch.int64)  # index_select / index_copy_ want int64 indices
     lengths = offsets[1:] - offsets[:-1]
     pos = torch.arange(max_len, device=offsets.device, dtype=offsets.dtype)
     mask = pos.unsqueeze(0) < lengths.unsqueeze(1)
@@ -203,11 +204,17 @@ def jagged_dense_bmm_forward(
     return _to_jagged(torch.bmm(x, y), x_offsets, x_values.shape[0])
 
 
+def heads(bh: int, b: int) -> int:
+    """Heads ``H`` of ``v [B*H, N]``; an empty batch counts as one head (fbgemm's convention, so
+    the output of an empty batch is ``[0, H*D]``)."""
+    return bh // b if b else 1
+
+
 def _per_head(a_values: torch.Tensor, a_offsets: torch.Tensor, bh: int, n: int) -> torch.Tensor:
     """a_values [T, H*D] padded to N and laid out per (batch, head): [B*H, N, D]."""
     b = a_offsets.numel() - 1
-    h = bh // b if b else 0
-    d = a_values.shape[1] // h if h else 0
+    h = heads(bh, b)
+    d = a_values.shape[1] // h
     a = jagged_to_padded_dense_forward(a_values, [a_offsets], [n], 0.0)
     return a.reshape(b, n, h, d).transpose(1, 2).reshape(bh, n, d)
 
@@ -229,7 +236,7 @@ def batched_dense_vec_jagged_2d_mul_backward(
     b = a_offsets.numel() - 1
     a = _per_head(a_values, a_offsets, bh, n)
     grad_v = torch.bmm(a, grad_output.unsqueeze(2)).squeeze(2)
-    h = bh // b if b else 0
+    h = heads(bh, b)
     d = a.shape[2]
     dense = (v.unsqueeze(2) * grad_output.unsqueeze(1)).reshape(b, h, n, d).transpose(1, 2)
     grad_a = dense_to_jagged_forward(dense.reshape(b, n, h * d), [a_offsets], a_values.shape[0])
