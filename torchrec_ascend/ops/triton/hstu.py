@@ -176,7 +176,8 @@ def _fwd_kernel(
     bh = tl.program_id(0)
     b = bh // H
     h = bh % H
-    m0 = tl.program_id(1) * BLOCK_M
+    # last query tiles first: they loop over the most key tiles (shorter tail at the end)
+    m0 = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
     start, n, hist, kid = _seq_info(OFF, NT, b, ctx, HAS_NT)
     if m0 < n:
         alpha = (n * 0).to(ACC) + alpha_hi + alpha_lo
@@ -320,9 +321,9 @@ def _dq_block(
     ds = tl.where(valid, dp * sig * (1.0 + s * (1.0 - sig)) * inv_norm, 0.0)
     dq += tl.dot(ds.to(k.dtype), k, out_dtype=ACC, input_precision=PRECISION) * alpha
     if HAS_POS:
-        tl.atomic_add(DPOS + slot * (2 * max_seq_len - 1) + pidx, ds, mask=valid)
+        tl.atomic_add(DPOS + slot * (2 * max_seq_len - 1) + pidx, ds, mask=valid, sem="relaxed")
     if HAS_TS:
-        tl.atomic_add(DTS + slot * (num_buckets + 1) + bkt, ds, mask=valid)
+        tl.atomic_add(DTS + slot * (num_buckets + 1) + bkt, ds, mask=valid, sem="relaxed")
     return dq
 
 
@@ -340,7 +341,7 @@ def _bwd_dq_kernel(
     bh = tl.program_id(0)
     b = bh // H
     h = bh % H
-    tile = tl.program_id(1)
+    tile = tl.num_programs(1) - 1 - tl.program_id(1)  # heaviest query tiles first
     m0 = tile * BLOCK_M
     slot = (tile * tl.num_programs(0) + bh) % n_slots
     start, n, hist, kid = _seq_info(OFF, NT, b, ctx, HAS_NT)
