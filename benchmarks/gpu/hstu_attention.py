@@ -18,6 +18,8 @@ Usage::
     python benchmarks/gpu/hstu_attention.py                     # on a CUDA machine
     TRITON_INTERPRET=1 python benchmarks/gpu/hstu_attention.py --interpret-smoke
         # correctness stage only, tiny shapes, CPU tensors through the Triton interpreter
+    python benchmarks/gpu/hstu_attention.py --compile-only 90 --dtypes bf16
+        # no GPU: ahead-of-time compile of the kernels for sm_90 (triton's bundled ptxas)
 """
 
 from __future__ import annotations
@@ -127,6 +129,48 @@ def correctness(device: torch.device, smoke: bool) -> bool:
     return not fails
 
 
+def compile_only(arch: int, dtype_name: str, kernels: Sequence[str]) -> bool:
+    """Compile the kernels ahead of time for CUDA ``sm_<arch>`` with triton's bundled ptxas: no
+    GPU needed (catches what the interpreter cannot: types, layouts, shared memory)."""
+    import time
+
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    th = _kernels()
+    dt = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}[dtype_name]
+    ptr_types = {"OFF": "i64", "NT": "i64", "THR": "i64", "TS": "i64", "DPOS": "fp32", "DTS": "fp32"}
+    flags = dict(NORM_BY_LEN=False, HAS_NT=True, HAS_CTX=True, HAS_POS=True, HAS_TS=True,
+                 BLOCK_M=64, BLOCK_N=64, BLOCK_DQ=64, BLOCK_DV=64, ACC=tl.float32, PRECISION="ieee")
+    ptrs = {"Q", "K", "V", "DO", "OUT", "DK", "DVAL", "DQP", "DPOS", "DTS", "PW", "TW", "THR", "TS",
+            "OFF", "NT"}
+    ok = True
+    for name in kernels:
+        fn = getattr(th, name)
+        sig, cons = {}, {}
+        for arg in fn.arg_names:
+            if arg in flags:
+                sig[arg], cons[arg] = "constexpr", flags[arg]
+            elif arg in ptrs:
+                sig[arg] = "*" + ptr_types.get(arg, dt)
+            elif arg in ("alpha_hi", "alpha_lo"):
+                sig[arg] = "fp32"
+            else:
+                sig[arg] = "i32"
+        t0 = time.time()
+        try:
+            k = triton.compile(ASTSource(fn, sig, cons), target=GPUTarget("cuda", arch, 32),
+                               options={"num_warps": 4, "num_stages": 2 if dt == "fp32" else 3})
+            print(f"compiled {name} {dtype_name} sm_{arch}: shared {k.metadata.shared} B, "
+                  f"{time.time() - t0:.0f} s", flush=True)
+        except Exception as e:  # report every kernel, then fail
+            ok = False
+            print(f"FAILED to compile {name} {dtype_name} sm_{arch}: {e!r}", flush=True)
+    return ok
+
+
 def _useful_flops(lengths: torch.Tensor, H: int, d: int) -> float:
     """Forward FLOPs of the valid (causal) pairs: 2 * d for q.k and 2 * d for p.v per pair."""
     pairs = float((lengths * (lengths + 1) // 2).sum())
@@ -210,7 +254,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--skip-check", action="store_true", help="timings without the correctness stage")
+    ap.add_argument("--compile-only", type=int, metavar="SM",
+                    help="no GPU needed: compile the kernels for CUDA sm_SM (e.g. 90) with the "
+                         "first of --dtypes, and exit")
+    ap.add_argument("--kernels", default="_fwd_kernel,_bwd_dkdv_kernel,_bwd_dq_kernel",
+                    help="with --compile-only: which kernels")
     args = ap.parse_args(argv)
+
+    if args.compile_only:
+        dtype_name = args.dtypes.split(",")[0].strip()
+        return 0 if compile_only(args.compile_only, dtype_name, args.kernels.split(",")) else 1
 
     if args.interpret_smoke:
         if os.environ.get("TRITON_INTERPRET") != "1":
