@@ -42,7 +42,7 @@ setup: $(STAMP_BUILD)
 build: setup
 
 demo: setup
-	$(PY) -m torchrec_ascend.demo
+	$(PY) examples/kuairand/train.py --config demo
 
 test: setup
 	$(PY) -m pytest tests $(PYTEST_ARGS)

@@ -36,6 +36,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from torchrec_ascend.datasets import (  # noqa: E402
+    KuaiRandDataError,
     PositiveRule,
     SyntheticConfig,
     generate,
@@ -388,7 +389,7 @@ def train_one(kind: str, split: Split, cfg: Dict[str, Any], out: str, resume: bo
     rec.close()
     perf = history.get("perf", [])
     return {"metrics": final, "tokens_per_s": perf[-1]["tokens_per_s"] if perf else None,
-            "mfu": perf[-1]["mfu"] if perf else None}
+            "mfu": perf[-1]["mfu"] if perf else None, "evals": history["eval"]}
 
 
 def prepare_data(cfg: Dict[str, Any], rank: int) -> Split:
@@ -404,11 +405,19 @@ def prepare_data(cfg: Dict[str, Any], rank: int) -> Split:
     else:
         files = [resolve_path(p) for p in d["files"]]
     rule = PositiveRule.from_config(d.get("positive", {"any_of": ["click"]}))
+    min_len, buckets = int(d.get("min_len", 3)), int(d.get("num_buckets", 32))
+    # rank 0 builds the cache; a data error there is raised on every rank (no rank hangs)
+    failure: List[Any] = [None]
     if rank == 0:
-        seqs = load_kuairand(files, cache_root, rule, int(d.get("min_len", 3)))
-    dist.barrier()
+        try:
+            seqs = load_kuairand(files, cache_root, rule, min_len, num_buckets=buckets)
+        except KuaiRandDataError as e:
+            failure[0] = (e.path, e.row, e.column, e.problem)
+    dist.broadcast_object_list(failure, src=0)
+    if failure[0] is not None:
+        raise KuaiRandDataError(*failure[0])
     if rank != 0:
-        seqs = load_kuairand(files, cache_root, rule, int(d.get("min_len", 3)))
+        seqs = load_kuairand(files, cache_root, rule, min_len, num_buckets=buckets)
     return leave_one_out(seqs)
 
 
@@ -427,12 +436,17 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     ap.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     ap.add_argument("--set", action="append", default=[], help="override: key.path=json_value")
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="intra-op CPU threads per process (default: train.threads, 0 = torch's)")
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
     apply_overrides(cfg, args.set)
     if args.steps is not None:
         cfg["train"]["steps"] = args.steps
     cfg.setdefault("eval", {})
+    threads = args.threads if args.threads is not None else int(cfg["train"].get("threads", 0))
+    if threads > 0:
+        torch.set_num_threads(threads)
     models = (args.models.split(",") if args.models else cfg.get("models", ["hstu"]))
     out = resolve_path(args.out or os.path.join("outputs", f"kuairand-{cfg['name']}"))
     rank, world = init_distributed()
@@ -445,7 +459,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         print(f"data: {split.num_users:,} users, {split.num_items:,} items, "
               f"{len(split.items):,} training events (prefix length mean {lens.mean():.1f}, "
               f"max {lens.max()}), {time.perf_counter() - t0:.1f}s", flush=True)
-    peak_local = device_peak_flops("cpu")
+    peak_local = device_peak_flops("cpu", gemm_size=int(cfg["train"].get("peak_gemm_size", 2048)))
     pk = torch.tensor([peak_local], dtype=torch.float64)
     dist.all_reduce(pk)
     peak = pk.item() / world
@@ -485,9 +499,18 @@ def print_summary(s: Dict[str, Any]) -> None:
     print(f"total time: {s['seconds']:.1f}s")
 
 
-if __name__ == "__main__":
+def cli() -> int:
+    """``main`` with bad input reported as one line naming what is wrong (exit status 2)."""
     try:
         main()
+        return 0
+    except KuaiRandDataError as e:  # names the file, the row and the column
+        print(f"error: bad KuaiRand data: {e}", file=sys.stderr, flush=True)
+        return 2
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -1,7 +1,9 @@
-"""End-to-end tests of examples/kuairand/train.py on a tiny synthetic config (subprocesses)."""
+"""End-to-end tests of examples/kuairand/train.py on a tiny synthetic config (subprocesses), and
+the checkpoint module's atomicity in process."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -10,9 +12,12 @@ import sys
 import time
 
 import pytest
+import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TRAIN = os.path.join(REPO, "examples", "kuairand", "train.py")
+EXAMPLE = os.path.join(REPO, "examples", "kuairand")
+TRAIN = os.path.join(EXAMPLE, "train.py")
+METRICS = {"hr@10", "hr@50", "hr@200", "ndcg@10", "ndcg@50", "ndcg@200", "mrr"}
 
 TINY = {
     "name": "tiny",
@@ -24,31 +29,48 @@ TINY = {
               "linear_dim": 8, "max_seq_len": 16, "dropout": 0.1, "sasrec_ffn_dim": 32},
     "train": {"batch_size": 8, "steps": 8, "lr": 0.001, "sparse_lr": 0.05, "num_negatives": 32,
               "log_every": 4, "eval_every": 4, "checkpoint_every": 2, "keep_checkpoints": 2,
-              "seed": 0},
+              "seed": 0, "threads": 1, "peak_gemm_size": 256},
     "eval": {"batch_size": 64, "eval_users": 40},
     "models": ["hstu"],
 }
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
 
 
-def write_config(tmp_path, **train):
+def write_config(tmp_path, name="tiny.json", **train):
     cfg = json.loads(json.dumps(TINY))
     cfg["data"]["cache_dir"] = str(tmp_path / "cache")
     cfg["train"].update(train)
-    p = tmp_path / "tiny.json"
+    p = tmp_path / name
     p.write_text(json.dumps(cfg))
     return str(p)
 
 
-def run(args, env_extra=None, timeout=240):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    env.update(env_extra or {})
+def run(args, timeout=240):
     return subprocess.run([sys.executable, TRAIN, "--no-progress"] + args, capture_output=True,
-                          text=True, timeout=timeout, env=env, cwd=REPO)
+                          text=True, timeout=timeout, env=ENV, cwd=REPO)
 
 
 def losses(out, kind="hstu"):
+    """step -> loss from log.jsonl; a step logged twice (before a kill and after the resume)
+    keeps its last value."""
     rows = [json.loads(l) for l in open(os.path.join(out, kind, "log.jsonl"))]
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def _latest(ck):
+    try:
+        return open(os.path.join(ck, "LATEST")).read().strip()
+    except OSError:
+        return ""
+
+
+def tree_digest(path):
+    h = hashlib.sha256()
+    for root, _, files in sorted(os.walk(path)):
+        for f in sorted(files):
+            h.update(f.encode())
+            h.update(open(os.path.join(root, f), "rb").read())
+    return h.hexdigest()
 
 
 def test_end_to_end_outputs(tmp_path):
@@ -59,92 +81,151 @@ def test_end_to_end_outputs(tmp_path):
     res = json.load(open(os.path.join(out, "results.json")))
     for name in ("hstu", "sasrec"):
         met = res["models"][name]["metrics"]
-        assert set(met) == {"hr@10", "hr@50", "hr@200", "ndcg@10", "ndcg@50", "ndcg@200", "mrr"}
+        assert set(met) == METRICS
         assert 0 <= met["ndcg@10"] <= met["hr@10"] <= met["hr@50"] <= met["hr@200"] <= 1
+        assert 0 < met["mrr"] <= 1
         assert res["models"][name]["tokens_per_s"] > 0 and 0 < res["models"][name]["mfu"] < 1
-    assert "most_popular" in res["baselines"]
+        # one eval at step 4 (eval_every) and the final one at step 8
+        assert [e["step"] for e in res["models"][name]["evals"]] == [4, 8]
+    assert set(res["baselines"]["most_popular"]) == METRICS
     assert os.path.getsize(res["plot"]) > 1000
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(out, "tb", "hstu")))
-    assert "plot: " in r.stdout and "most_popular" in r.stdout and "MFU" in r.stdout
+    for word in ("plot: ", "most_popular", "sasrec", "MFU", "tokens/s"):
+        assert word in r.stdout, word
     ck = os.path.join(out, "hstu", "checkpoints")
     assert open(os.path.join(ck, "LATEST")).read().strip() == "step_00000008"
     assert sorted(d for d in os.listdir(ck) if d.startswith("step_")) == ["step_00000006", "step_00000008"]
 
 
 @pytest.mark.slow
-def test_kill9_resume_same_losses(tmp_path):
-    """Uninterrupted 8 steps == killed (SIGKILL) after the step-4 checkpoint, then --resume."""
-    cfg = write_config(tmp_path)
-    a = str(tmp_path / "a")
-    r = run(["--config", cfg, "--out", a, "--set", "train.eval_every=0"])
-    assert r.returncode == 0, r.stderr[-3000:]
-    want = losses(a)
+def test_kill9_resume_equals_uninterrupted_and_bad_run_keeps_checkpoint(tmp_path):
+    """SIGKILL a run after its step-4 checkpoint; a later run that crashes on bad data (with a
+    half-written save lying around) leaves the last checkpoint byte-identical; ``--resume``
+    then continues with the same data order: every step's loss and the final metrics equal an
+    uninterrupted run of the same length."""
+    cfg = write_config(tmp_path, eval_every=0)
     b = str(tmp_path / "b")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     p = subprocess.Popen([sys.executable, TRAIN, "--no-progress", "--config", cfg, "--out", b,
-                          "--steps", "100000", "--set", "train.eval_every=0"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=REPO)
+                          "--steps", "100000"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, cwd=REPO)
     ck = os.path.join(b, "hstu", "checkpoints")
     deadline = time.time() + 200
     try:
-        while not os.path.isdir(os.path.join(ck, "step_00000004")):
+        while _latest(ck) < "step_00000004":
             assert p.poll() is None, "training exited before the step-4 checkpoint"
             assert time.time() < deadline, "no step-4 checkpoint in time"
-            time.sleep(0.05)
+            time.sleep(0.02)
     finally:
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
-    done = sorted(d for d in os.listdir(ck) if d.startswith("step_") and ".tmp" not in d)
-    assert done and done[-1] >= "step_00000004"
-    killed_at = int(done[-1].split("_")[1])
-    r = run(["--config", cfg, "--out", b, "--resume", "--steps", str(killed_at + 4),
-             "--set", "train.eval_every=0"])
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert f"resumed from" in r.stdout
-    got = losses(b)
-    if killed_at + 4 <= 8:
-        for s in range(killed_at + 1, killed_at + 5):
-            assert got[s] == pytest.approx(want[s], rel=1e-5, abs=1e-6), s
+    assert p.returncode == -signal.SIGKILL
+    latest = open(os.path.join(ck, "LATEST")).read().strip()
+    killed_at = int(latest.split("_")[1])
+    assert killed_at >= 4
+    good = tree_digest(os.path.join(ck, latest))
 
+    # a save killed midway, then a run that fails on a non-numeric id
+    partial = os.path.join(ck, f"step_{killed_at + 2:08d}.tmp-save")
+    os.makedirs(partial, exist_ok=True)
+    open(os.path.join(partial, "__0_0.distcp"), "w").write("partial")
+    bad_csv = tmp_path / "log_standard_bad.csv"
+    from torchrec_ascend.datasets.schema import LOG_COLUMNS
 
-def test_failed_run_keeps_last_checkpoint(tmp_path):
-    """A half-written save (.tmp folder) and a crash on bad data leave LATEST and its files
-    intact; --resume picks the last complete checkpoint."""
-    cfg = write_config(tmp_path, steps=4)
-    out = str(tmp_path / "out")
-    assert run(["--config", cfg, "--out", out]).returncode == 0
-    ck = os.path.join(out, "hstu", "checkpoints")
-    before = {f: os.path.getsize(os.path.join(ck, "step_00000004", f))
-              for f in os.listdir(os.path.join(ck, "step_00000004"))}
-    os.makedirs(os.path.join(ck, "step_00000006.tmp-save"))  # a save killed midway
-    open(os.path.join(ck, "step_00000006.tmp-save", "__0_0.distcp"), "w").write("partial")
-    # a run that fails on bad data
+    rows = [",".join(LOG_COLUMNS)] + [
+        ",".join(str(v) for v in [1, 10 + i, 20220408, 900, 1000 + i, 1] + [0] * 13)
+        for i in range(5)]
+    rows[3] = rows[3].replace(",12,", ",v12,", 1)  # data row 3: video_id
+    bad_csv.write_text("\n".join(rows) + "\n")
     bad = json.load(open(cfg))
-    bad["data"] = {"source": "files", "files": [str(tmp_path / "missing.csv")],
-                   "cache_dir": str(tmp_path / "cache")}
+    bad["data"] = {"source": "files", "files": [str(bad_csv)], "cache_dir": str(tmp_path / "cache")}
     badp = tmp_path / "bad.json"
     badp.write_text(json.dumps(bad))
-    r = run(["--config", str(badp), "--out", out, "--resume"])
-    assert r.returncode != 0 and "missing.csv" in r.stderr and "does not exist" in r.stderr
-    assert open(os.path.join(ck, "LATEST")).read().strip() == "step_00000004"
-    after = {f: os.path.getsize(os.path.join(ck, "step_00000004", f))
-             for f in os.listdir(os.path.join(ck, "step_00000004"))}
-    assert before == after
-    r = run(["--config", cfg, "--out", out, "--resume", "--steps", "6"])
+    r = run(["--config", str(badp), "--out", b, "--resume"])
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert str(bad_csv) in r.stderr and "row 3" in r.stderr and "'video_id'" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert open(os.path.join(ck, "LATEST")).read().strip() == latest
+    assert tree_digest(os.path.join(ck, latest)) == good
+
+    total = killed_at + 3
+    r = run(["--config", cfg, "--out", b, "--resume", "--steps", str(total)])
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "step_00000004 at step 4" in r.stdout
+    assert f"resumed from {os.path.join(ck, latest)} at step {killed_at}" in r.stdout
+    assert not os.path.exists(partial)  # the resumed run's save at killed_at + 2 replaced it
+
+    a = str(tmp_path / "a")
+    r = run(["--config", cfg, "--out", a, "--steps", str(total)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    want, got = losses(a), losses(b)
+    assert sorted(want) == list(range(1, total + 1)) and sorted(got) == sorted(want)
+    for s in want:
+        assert got[s] == pytest.approx(want[s], rel=1e-5, abs=1e-6), s
+    ma = json.load(open(os.path.join(a, "results.json")))["models"]["hstu"]["metrics"]
+    mb = json.load(open(os.path.join(b, "results.json")))["models"]["hstu"]["metrics"]
+    assert mb == pytest.approx(ma, rel=1e-5, abs=1e-6)
 
 
 @pytest.mark.slow
 def test_torchrun_two_ranks(tmp_path):
-    cfg = write_config(tmp_path, steps=4, eval_every=0)
+    cfg = write_config(tmp_path, steps=4, eval_every=0, checkpoint_every=4)
     out = str(tmp_path / "out")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                         "--master_port=29637", TRAIN, "--no-progress", "--config", cfg,
-                        "--out", out], capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+                        "--out", out], capture_output=True, text=True, timeout=300, env=ENV, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.load(open(os.path.join(out, "results.json")))
     assert res["world_size"] == 2
-    assert "on 2 rank(s)" in r.stdout
-    assert 0 <= res["models"]["hstu"]["metrics"]["mrr"] <= 1
+    assert "row_wise on 2 rank(s)" in r.stdout
+    met = res["models"]["hstu"]["metrics"]
+    assert set(met) == METRICS and 0 < met["mrr"] <= 1
+    # the sharded checkpoint holds both ranks' shards
+    ck = os.path.join(out, "hstu", "checkpoints", "step_00000004")
+    assert sorted(f for f in os.listdir(ck) if f.endswith(".distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+
+
+# -- the checkpoint module in process ------------------------------------------------------------
+@pytest.fixture
+def ckpt_module():
+    sys.path.insert(0, EXAMPLE)
+    try:
+        import kuairand_ckpt
+
+        yield kuairand_ckpt
+    finally:
+        sys.path.remove(EXAMPLE)
+
+
+def test_checkpoint_save_failure_keeps_last_good(tmp_path, ckpt_module, monkeypatch):
+    ck = ckpt_module
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    root = str(tmp_path)
+    first = ck.save(root, 2, model, opt, {"note": "a"})
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        model.weight.add_(1.0)
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    # the save dies after every file was written, before the rename that publishes it
+    monkeypatch.setattr(ck, "_fsync_tree", boom)
+    with pytest.raises(OSError, match="disk full"):
+        ck.save(root, 4, model, opt, {"note": "b"})
+    monkeypatch.undo()
+    assert ck.latest(root) == first
+    assert os.path.isdir(os.path.join(root, "checkpoints", "step_00000004.tmp-save"))
+    assert not os.path.exists(os.path.join(root, "checkpoints", "step_00000004"))
+    # LATEST naming a damaged folder falls back to the newest complete one
+    open(os.path.join(root, "checkpoints", "LATEST"), "w").write("step_00000004\n")
+    assert ck.latest(root) == first
+    state = ck.load(first, model, opt)
+    assert state["step"] == 2 and state["note"] == "a"
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, saved[k]), k
+    # the next successful save replaces the leftover temporary folder
+    ck.save(root, 4, model, opt, {"note": "c"})
+    assert ck.latest(root).endswith("step_00000004")
+    assert not os.path.exists(os.path.join(root, "checkpoints", "step_00000004.tmp-save"))

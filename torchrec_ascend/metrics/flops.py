@@ -82,8 +82,9 @@ _KNOWN_PEAKS = {
 
 
 def device_peak_flops(device: Union[str, torch.device] = "cpu",
-                      dtype: torch.dtype = torch.float32) -> float:
-    """Peak FLOP/s to divide by: published for known accelerators, measured GEMM otherwise."""
+                      dtype: torch.dtype = torch.float32, gemm_size: int = 2048) -> float:
+    """Peak FLOP/s to divide by: published for known accelerators, otherwise a measured
+    ``gemm_size``-cubed GEMM (:func:`measure_peak_gemm_flops`)."""
     dev = torch.device(device)
     if dev.type != "cpu":
         name = ""
@@ -95,7 +96,7 @@ def device_peak_flops(device: Union[str, torch.device] = "cpu",
         for (key, dt), v in _KNOWN_PEAKS.items():
             if key in name and dt == dtype:
                 return v
-    return measure_peak_gemm_flops(dtype=dtype, device=dev)
+    return measure_peak_gemm_flops(n=gemm_size, dtype=dtype, device=dev)
 
 
 def mfu(flops: float, seconds: float, peak_flops: float) -> float:
