@@ -18,7 +18,7 @@ Kernels (grid ``(B * H, tiles)``; a program whose tile starts past its sequence'
   ``dk``, ``dv`` in registers: deterministic, no atomics.
 * ``_bwd_dq_kernel``: one program per (sequence, head, query tile), the forward's loop again,
   accumulating ``dq`` in registers and scattering ``d(score)`` into the bias-table gradients with
-  atomic adds into ``SLOTS`` private fp32 copies (program ``p`` uses copy ``p % SLOTS``, spreading
+  atomic adds into ``_BIAS_SLOTS`` (64) fp32 copies (program ``p`` uses copy ``p % 64``, spreading
   contention), summed on the host side.
 
 The relative bias is computed in-kernel from the small tables.  The time bucket
