@@ -5,5 +5,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torchrec_ascend C++ CPU kernels (OpenMP)";
   torchrec_ascend::bind_jagged(m);
   torchrec_ascend::bind_sparse(m);
+  torchrec_ascend::bind_embedding(m);
   torchrec_ascend::bind_hstu(m);
 }

@@ -4,24 +4,24 @@
 // reference in ops/reference/sparse.py is the spec; tests compare both with fbgemm-gpu-cpu).
 //
 // Structure: every kernel first computes segment offsets (cheap, sequential over segments),
-// then moves data with one memcpy per segment, parallel over segments (at::parallel_for; a
-// grain keeps small inputs on the calling thread).  Values of any dtype are moved as bytes.
+// then moves data with one memcpy per segment, parallel over segments (parallel_over in
+// parallel.h: small inputs stay on the calling thread).  Values of any dtype are moved as bytes.
 // Inconsistent structure (negative lengths, sums that do not match the values) is a
 // ValueError, never an out-of-bounds access.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
+#include "parallel.h"
 #include "torchrec_ascend.h"
 
 namespace torchrec_ascend {
 
 namespace {
-
-constexpr int64_t kGrainElems = 1 << 15;  // below this many moved elements: one thread
 
 // f(index_t{}) for an int32/int64 tensor; ValueError naming `arg` otherwise.
 template <typename F>
@@ -84,8 +84,7 @@ void copy_segments(const at::Tensor& in, at::Tensor& out, const std::vector<int6
   const char* ip = static_cast<const char*>(in.data_ptr());
   char* op = static_cast<char*>(out.data_ptr());
   const int64_t total = out.size(0);
-  const int64_t grain = std::max<int64_t>(1, n_seg * kGrainElems / std::max<int64_t>(total, 1));
-  at::parallel_for(0, n_seg, grain, [&](int64_t s0, int64_t s1) {
+  parallel_over(n_seg, total * std::max<int64_t>(rb / 4, 1), [&](int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; ++s) {
       if (len[s] > 0) std::memcpy(op + dst[s] * rb, ip + src[s] * rb, len[s] * rb);
     }
@@ -243,11 +242,14 @@ at::Tensor invert_permute(const at::Tensor& permute) {
     using index_t = decltype(z);
     const index_t* s = p.data_ptr<index_t>();
     index_t* d = out.data_ptr<index_t>();
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t j = s[i];
-      TORCH_CHECK_VALUE(j >= 0 && j < n, "permute: entry ", i, " is ", j, ", outside [0, ", n, ")");
-      d[j] = static_cast<index_t>(i);
-    }
+    parallel_over(n, n, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t j = s[i];
+        TORCH_CHECK_VALUE(j >= 0 && j < n, "permute: entry ", i, " is ", j, ", outside [0, ", n,
+                          ")");
+        d[j] = static_cast<index_t>(i);
+      }
+    });
   });
   return out;
 }
@@ -272,8 +274,7 @@ at::Tensor expand_into_jagged_permute(const at::Tensor& permute, const at::Tenso
   dispatch_index(input_offset, "input_offset", [&](auto z) {
     using index_t = decltype(z);
     index_t* d = out.data_ptr<index_t>();
-    const int64_t grain = std::max<int64_t>(1, t * kGrainElems / std::max<int64_t>(output_size, 1));
-    at::parallel_for(0, t, grain, [&](int64_t t0, int64_t t1) {
+    parallel_over(t, output_size, [&](int64_t t0, int64_t t1) {
       for (int64_t i = t0; i < t1; ++i) {
         const int64_t base = in_off[perm[i]] - out_off[i];
         for (int64_t j = out_off[i]; j < out_off[i + 1]; ++j) d[j] = static_cast<index_t>(base + j);
@@ -299,8 +300,7 @@ at::Tensor offsets_range(const at::Tensor& offsets, int64_t range_size) {
                         "), outside 0 <= start <= end <= range_size=", range_size);
     }
     TORCH_CHECK_VALUE(n > 0 ? s[0] == 0 : range_size == 0, "offsets: must start at 0");
-    const int64_t grain = std::max<int64_t>(1, n * kGrainElems / std::max<int64_t>(range_size, 1));
-    at::parallel_for(0, n, grain, [&](int64_t i0, int64_t i1) {
+    parallel_over(n, range_size, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t start = s[i], end = i + 1 < n ? static_cast<int64_t>(s[i + 1]) : range_size;
         for (int64_t j = start; j < end; ++j) d[j] = static_cast<index_t>(j - start);
@@ -325,8 +325,7 @@ at::Tensor segment_sum_csr(int64_t batch_size, const at::Tensor& csr_seg, const 
     const scalar_t* s = v.data_ptr<scalar_t>();
     scalar_t* d = out.data_ptr<scalar_t>();
     const int64_t work = n ? (seg[n] - seg[0]) * batch_size : 0;
-    const int64_t grain = std::max<int64_t>(1, n * kGrainElems / std::max<int64_t>(work, 1));
-    at::parallel_for(0, n, grain, [&](int64_t i0, int64_t i1) {
+    parallel_over(n, work, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         scalar_t acc = 0;  // fbgemm accumulates in the value type
         for (int64_t j = seg[i] * batch_size; j < seg[i + 1] * batch_size; ++j) acc += s[j];
@@ -409,8 +408,7 @@ at::Tensor permute_pooled_embs(const at::Tensor& pooled_embs, const at::Tensor& 
   const char* ip = static_cast<const char*>(x.data_ptr());
   char* op = static_cast<char*>(out.data_ptr());
   const int64_t rb = cols * cb;
-  const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(cols, 1));
-  at::parallel_for(0, b, grain, [&](int64_t b0, int64_t b1) {
+  parallel_over(b, x.numel(), [&](int64_t b0, int64_t b1) {
     for (int64_t r = b0; r < b1; ++r) {
       for (int64_t i = 0; i < t; ++i) {
         const int64_t w = off[perm[i] + 1] - off[perm[i]];
@@ -491,21 +489,20 @@ void bounds_check_indices(const at::Tensor& rows_per_table, at::Tensor& indices,
       const int64_t b0 = bag_start_of_table[t], b1 = bag_start_of_table[t + 1];
       const int64_t num_rows = rows[t];
       const int64_t work = static_cast<int64_t>(o[b1]) - static_cast<int64_t>(o[b0]);
-      const int64_t grain = std::max<int64_t>(1, (b1 - b0) * kGrainElems / std::max<int64_t>(work, 1));
-      bad_per_table[t] = at::parallel_reduce(
-          b0, b1, grain, int64_t(0),
-          [&](int64_t k0, int64_t k1, int64_t bad) {
-            for (int64_t i = o[k0]; i < static_cast<int64_t>(o[k1]); ++i) {
-              const int64_t v = idx[i];
-              if (v == -1 || (v >= 0 && v < num_rows)) continue;
-              TORCH_CHECK_VALUE(mode != 0, "indices: indices[", i, "]=", v, " of table ", t,
-                                " is outside [0, ", num_rows, ")");
-              ++bad;
-              idx[i] = 0;
-            }
-            return bad;
-          },
-          std::plus<int64_t>());
+      std::atomic<int64_t> bad{0};
+      parallel_over(b1 - b0, work, [&](int64_t k0, int64_t k1) {
+        int64_t local = 0;
+        for (int64_t i = o[b0 + k0]; i < static_cast<int64_t>(o[b0 + k1]); ++i) {
+          const int64_t v = idx[i];
+          if (v == -1 || (v >= 0 && v < num_rows)) continue;
+          TORCH_CHECK_VALUE(mode != 0, "indices: indices[", i, "]=", v, " of table ", t,
+                            " is outside [0, ", num_rows, ")");
+          ++local;
+          idx[i] = 0;
+        }
+        bad += local;
+      });
+      bad_per_table[t] = bad.load();
     }
     for (auto c : bad_per_table) fixes += c;
   });
@@ -659,14 +656,13 @@ block_bucketize_sparse_features(const at::Tensor& lengths, const at::Tensor& ind
   auto idx_c = indices.contiguous();
   std::vector<int32_t> bucket(n);
   std::vector<int64_t> count(my_size * n_len, 0);  // [p * n_len + bag]
-  const int64_t grain = std::max<int64_t>(1, n_len * kGrainElems / std::max<int64_t>(n, 1));
 
   dispatch_index(idx_c, "indices", [&](auto z) {
     using index_t = decltype(z);
     const index_t* x = idx_c.data_ptr<index_t>();
     index_t* ox = out_indices.data_ptr<index_t>();
     // pass 1: bucket of every id, counts per (bucket, bag)
-    at::parallel_for(0, n_len, grain, [&](int64_t k0, int64_t k1) {
+    parallel_over(n_len, n, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k) {
         const int64_t t = bag_table[k];
         for (int64_t i = off[k]; i < off[k + 1]; ++i) {
@@ -697,7 +693,7 @@ block_bucketize_sparse_features(const at::Tensor& lengths, const at::Tensor& ind
     char* owp = out_weights.has_value() ? static_cast<char*>(out_weights->data_ptr()) : nullptr;
     index_t* opos = out_pos.has_value() ? out_pos->data_ptr<index_t>() : nullptr;
     index_t* unb = unbucketize.has_value() ? unbucketize->data_ptr<index_t>() : nullptr;
-    at::parallel_for(0, n_len, grain, [&](int64_t k0, int64_t k1) {
+    parallel_over(n_len, n, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k) {
         const int64_t t = bag_table[k];
         for (int64_t i = off[k]; i < off[k + 1]; ++i) {

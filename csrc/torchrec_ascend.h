@@ -6,5 +6,6 @@
 namespace torchrec_ascend {
 void bind_jagged(pybind11::module& m);
 void bind_sparse(pybind11::module& m);
+void bind_embedding(pybind11::module& m);
 void bind_hstu(pybind11::module& m);
 }  // namespace torchrec_ascend

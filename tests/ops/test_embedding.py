@@ -111,18 +111,29 @@ def _loop_pooled(x, pm, weighted):
 
 # --------------------------------------------------------------------------- forward parity
 
+FWD_BACKENDS = pytest.mark.parametrize("backend", ["reference", "cpu_kernel"])
+
+
+def _forced(backend, name):
+    """Run ``name`` on ``backend`` (skip where it has none here, e.g. the csrc extension unbuilt)."""
+    if backend not in [b for b, _ in ops.registry.available_backends(name, "cpu")]:
+        pytest.skip(f"{name} has no {backend} backend here")
+    return ops.use_backend(backend, ops=[name])
+
 
 @pytest.mark.parametrize("pm", [R.SUM, R.MEAN])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("idx_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("w_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("dims", [(4, 8, 3), (8, 8, 8)], ids=["mixed_D", "one_D"])
-def test_pooled_forward_matches_fbgemm(pm, weighted, idx_dtype, w_dtype, dims):
+@FWD_BACKENDS
+def test_pooled_forward_matches_fbgemm(pm, weighted, idx_dtype, w_dtype, dims, backend):
     x = _tbe(dims=dims, idx_dtype=idx_dtype, w_dtype=w_dtype, weighted=weighted)
     name = f"split_embedding_codegen_forward_{'weighted' if weighted else 'unweighted'}_pt2_wrapper"
     for output_dtype in (0, 1):
         args = _fwd_args(x, pm, weighted, output_dtype)
-        got = getattr(ta, name)(*args)
+        with _forced(backend, name):
+            got = getattr(ta, name)(*args)
         want = getattr(fb, name)(*args)
         if weighted and pm == R.MEAN and output_dtype == 1:
             # fbgemm-cpu's fp16-output path skips the 1/L its fp32 path applies: compare with fp32
@@ -131,27 +142,34 @@ def test_pooled_forward_matches_fbgemm(pm, weighted, idx_dtype, w_dtype, dims):
         tol = 1e-5 if output_dtype == 0 else 2e-3
         torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
     if w_dtype == torch.float32:
-        torch.testing.assert_close(getattr(ta, name)(*_fwd_args(x, pm, weighted)).double(),
+        with _forced(backend, name):
+            got = getattr(ta, name)(*_fwd_args(x, pm, weighted))
+        torch.testing.assert_close(got.double(),
                                    _loop_pooled(x, pm, weighted), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("idx_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("w_dtype", [torch.float32, torch.float16])
-def test_nobag_forward_matches_fbgemm(idx_dtype, w_dtype):
+@FWD_BACKENDS
+def test_nobag_forward_matches_fbgemm(idx_dtype, w_dtype, backend):
     x = _tbe(dims=(4, 4, 4), idx_dtype=idx_dtype, w_dtype=w_dtype)
     name = "split_embedding_nobag_codegen_forward_unweighted_pt2_wrapper"
-    got = getattr(ta, name)(*_nobag_args(x))
+    with _forced(backend, name):
+        got = getattr(ta, name)(*_nobag_args(x))
     want = getattr(fb, name)(*_nobag_args(x))
     assert got.shape == (x["indices"].numel(), 4)
     torch.testing.assert_close(got, want)
 
 
-def test_shared_table_forward_matches_fbgemm():
+@FWD_BACKENDS
+def test_shared_table_forward_matches_fbgemm(backend):
     x = _tbe(shared=True, weighted=True)
     for name, weighted in (("split_embedding_codegen_forward_unweighted_pt2_wrapper", False),
                            ("split_embedding_codegen_forward_weighted_pt2_wrapper", True)):
         args = _fwd_args(x, R.SUM, weighted)
-        torch.testing.assert_close(getattr(ta, name)(*args), getattr(fb, name)(*args))
+        with _forced(backend, name):
+            got = getattr(ta, name)(*args)
+        torch.testing.assert_close(got, getattr(fb, name)(*args))
 
 
 def test_grad_indice_weights_matches_fbgemm():

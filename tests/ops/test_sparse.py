@@ -724,3 +724,19 @@ def test_torchrec_kjt_on_our_kernels():
     assert got.keys() == want.keys()
     for k in want:
         _equal(got[k], want[k], k)
+
+
+# --------------------------------------------------------------------------- docs/ops.md
+
+
+def test_docs_coverage_table_is_generated():
+    """docs/ops.md's coverage table is what docs/gen_ops.py builds from the registry today."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "docs" / "gen_ops.py"
+    spec_ = importlib.util.spec_from_file_location("gen_ops", path)
+    gen = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(gen)
+    assert gen.documented_coverage() == gen.coverage_markdown().strip(), \
+        "docs/ops.md coverage table is stale: run python docs/gen_ops.py"

@@ -340,6 +340,7 @@ def _register_all() -> None:
             name=f"split_embedding{'_nobag' if nobag else ''}_codegen_forward_{w}_pt2_wrapper",
             schema=_NOBAG_FWD_SCHEMA if nobag else _FWD_SCHEMA,
             reference=_forward_impl(w == "weighted", nobag),
+            cpu_kernel="tbe_nobag_forward" if nobag else f"tbe_forward_{w}",
             fake=_forward_fake(nobag),
             fbgemm=True,
         ))

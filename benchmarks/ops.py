@@ -1,0 +1,135 @@
+"""Op suite on CPU: our best backend vs fbgemm-gpu-cpu's kernel, same inputs, same run.
+
+Usage: ``python benchmarks/ops.py [--quick] [--only SUBSTRING[,SUBSTRING]]``.
+
+Cases come from benchmarks/op_cases/ (training-path sparse ops, TBE embedding lookups, jagged
+family): B=256 sequences, heavy-tailed ragged lengths up to 512 (mean about a quarter of that),
+D=256, fp32.  "ours" is what the registry picks with fbgemm excluded (csrc ``cpu_kernel`` where an
+op has one, else the torch-composite reference), called through ``torch.ops.torchrec_ascend``;
+"fbgemm" is ``torch.ops.fbgemm.<op>``.  Timings are interleaved (one call of each per round) and
+the medians compared, so load changes on a shared machine hit both sides alike.
+
+Writes benchmarks/results/ops.json: per op ``op``, ``ours_ms``, ``fbgemm_ms``, ``ratio``
+(ours / fbgemm), ``shapes``, ``backend``, ``area``, ``target``, ``meets_target``.  Targets: ratio
+<= 1.0 for training-path ops, <= 0.2 for jagged_jagged_bmm / jagged_dense_bmm.  ``--quick`` uses
+smaller batches for the embedding (B=32) and jagged (B=64) cases and fewer rounds (under a
+minute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import os
+import statistics
+import sys
+import time
+from typing import Dict, List, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from benchmarks.common import print_table, write_json  # noqa: E402
+from benchmarks.op_cases import Case, our_backend, ours_context  # noqa: E402
+
+AREAS = ("sparse", "embedding", "jagged")
+BMM_TARGET = {"jagged_jagged_bmm": 0.2, "jagged_dense_bmm": 0.2}
+
+
+def _time_once(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def paired_medians(ours, fbgemm, budget_s: float, min_rounds: int = 3,
+                   max_rounds: int = 60) -> tuple:
+    """Median ms of ``ours()`` and ``fbgemm()`` (or None), called alternately: one warm-up each,
+    then rounds until ``budget_s`` is spent (at least ``min_rounds``)."""
+    ours()
+    if fbgemm is not None:
+        fbgemm()
+    t_ours: List[float] = []
+    t_fb: List[float] = []
+    start = time.perf_counter()
+    while len(t_ours) < max_rounds and (len(t_ours) < min_rounds
+                                        or time.perf_counter() - start < budget_s):
+        t_ours.append(_time_once(ours))
+        if fbgemm is not None:
+            t_fb.append(_time_once(fbgemm))
+    return statistics.median(t_ours), (statistics.median(t_fb) if t_fb else None)
+
+
+def target_of(c: Case) -> Optional[float]:
+    """The ratio target of a case, or None where the issue sets none."""
+    if c.op in BMM_TARGET:
+        return BMM_TARGET[c.op]
+    return 1.0 if c.training_path else None
+
+
+def run_area(area: str, quick: bool, only: List[str]) -> List[Dict[str, object]]:
+    """Time every case of benchmarks/op_cases/<area>.py."""
+    mod = importlib.import_module(f"benchmarks.op_cases.{area}")
+    rows = []
+    budget = 0.3 if quick else 1.5
+    for c in mod.cases(quick):
+        if only and not any(s in c.op for s in only):
+            continue
+        backend = our_backend(c.op)
+        with torch.no_grad(), ours_context():
+            ours_ms, fb_ms = paired_medians(c.ours, c.fbgemm, budget, min_rounds=2 if quick else 3)
+        ratio = ours_ms / fb_ms if fb_ms else None
+        target = target_of(c)
+        rows.append({
+            "op": c.op, "ours_ms": round(ours_ms, 4),
+            "fbgemm_ms": None if fb_ms is None else round(fb_ms, 4),
+            "ratio": None if ratio is None else round(ratio, 3),
+            "target": target,
+            "meets_target": None if (ratio is None or target is None) else ratio <= target,
+            "backend": backend, "area": area, "shapes": c.shapes,
+        })
+        print(f"  {c.op:<62} ours {ours_ms:9.3f} ms  fbgemm "
+              f"{'-' if fb_ms is None else f'{fb_ms:9.3f} ms'}  [{backend}]", flush=True)
+    gc.collect()
+    return rows
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller batches, fewer rounds (< 60 s)")
+    ap.add_argument("--only", default="", help="comma-separated substrings of op names")
+    ap.add_argument("--areas", default=",".join(AREAS), help=f"subset of {','.join(AREAS)}")
+    args = ap.parse_args(argv)
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    areas = [a.strip() for a in args.areas.split(",") if a.strip()]
+    for a in areas:
+        if a not in AREAS:
+            raise SystemExit(f"--areas: {a!r} is not one of {', '.join(AREAS)}")
+    t0 = time.perf_counter()
+    rows: List[Dict[str, object]] = []
+    for area in areas:
+        print(f"== {area}", flush=True)
+        rows += run_area(area, args.quick, only)
+    table = [{k: ("-" if r[k] is None else r[k]) for k in
+              ("op", "ours_ms", "fbgemm_ms", "ratio", "target", "backend", "shapes")}
+             for r in rows]
+    print()
+    print_table(table)
+    missed = [r["op"] for r in rows if r["meets_target"] is False]
+    print(f"\n{len(rows)} cases in {time.perf_counter() - t0:.1f} s; "
+          f"missing their ratio target: {', '.join(missed) if missed else 'none'}")
+    path = write_json("ops", {
+        "quick": args.quick,
+        "torch_threads": torch.get_num_threads(),
+        "shape_note": "B=256 sequences, heavy-tailed lengths <= 512 (mean ~128), D=256 fp32 "
+                      "(quick: embedding cases at B=32, jagged at B=64)",
+        "rows": rows,
+    })
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
