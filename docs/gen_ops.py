@@ -87,8 +87,12 @@ def benchmark_markdown(path: str = RESULTS) -> Optional[str]:
             f"torch threads, torch {m.get('torch', '?')}"
             f"{' (--quick)' if doc.get('quick') else ''}; {doc.get('shape_note', '')}.")
 
-    def fmt(v, nd=3):
-        return "-" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
+    def fmt(v, nd=None):
+        if v is None:
+            return "-"
+        if not isinstance(v, float):
+            return str(v)
+        return f"{v:.{nd}f}" if nd is not None else f"{v:.4g}"
 
     lines = [head, "",
              "| op | ours ms | fbgemm ms | ratio | target | met | backend | shapes |",
