@@ -8,9 +8,9 @@
 namespace torchrec_ascend {
 
 // Elements touched below which a loop stays on the calling thread: waking the pool costs
-// ~10 us idle and milliseconds when other processes hold the cores, more than a memory-bound
-// loop of this size gains from a second thread.
-constexpr int64_t kParallelWork = 1 << 16;
+// 20-30 us idle and milliseconds when other processes hold the cores, more than a memory-bound
+// loop of this size (a TorchRec batch of ~100k ids) gains from a second thread.
+constexpr int64_t kParallelWork = 1 << 18;
 
 // f(begin, end) over [0, n): on the calling thread unless `work` (elements touched) is large,
 // else at::parallel_for with chunks of about kParallelWork / 4 elements.

@@ -276,8 +276,9 @@ at::Tensor expand_into_jagged_permute(const at::Tensor& permute, const at::Tenso
     index_t* d = out.data_ptr<index_t>();
     parallel_over(t, output_size, [&](int64_t t0, int64_t t1) {
       for (int64_t i = t0; i < t1; ++i) {
-        const int64_t base = in_off[perm[i]] - out_off[i];
-        for (int64_t j = out_off[i]; j < out_off[i + 1]; ++j) d[j] = static_cast<index_t>(base + j);
+        // bounds in locals: d may alias nothing we read, but the compiler cannot know that
+        const int64_t base = in_off[perm[i]] - out_off[i], j0 = out_off[i], j1 = out_off[i + 1];
+        for (int64_t j = j0; j < j1; ++j) d[j] = static_cast<index_t>(base + j);
       }
     });
   });
@@ -303,7 +304,8 @@ at::Tensor offsets_range(const at::Tensor& offsets, int64_t range_size) {
     parallel_over(n, range_size, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t start = s[i], end = i + 1 < n ? static_cast<int64_t>(s[i + 1]) : range_size;
-        for (int64_t j = start; j < end; ++j) d[j] = static_cast<index_t>(j - start);
+        index_t* out = d + start;  // d and s may be the same type: bounds read once, above
+        for (int64_t j = 0; j < end - start; ++j) out[j] = static_cast<index_t>(j);
       }
     });
   });
@@ -328,7 +330,8 @@ at::Tensor segment_sum_csr(int64_t batch_size, const at::Tensor& csr_seg, const 
     parallel_over(n, work, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         scalar_t acc = 0;  // fbgemm accumulates in the value type
-        for (int64_t j = seg[i] * batch_size; j < seg[i + 1] * batch_size; ++j) acc += s[j];
+        const int64_t j0 = seg[i] * batch_size, j1 = seg[i + 1] * batch_size;
+        for (int64_t j = j0; j < j1; ++j) acc += s[j];
         d[i] = acc;
       }
     });
