@@ -128,6 +128,29 @@ using PermuteOut = std::tuple<at::Tensor, at::Tensor, c10::optional<at::Tensor>>
 
 // ------------------------------------------------------------------------------ cumsums
 
+// [0, cumsum] along the last dim of a 1-D or 2-D int tensor (fbgemm takes both; TorchRec's
+// KJT paths pass 2-D [T, B] lengths too).
+at::Tensor asynchronous_complete_cumsum_rows(const at::Tensor& t_in) {
+  TORCH_CHECK_VALUE(t_in.dim() == 1 || t_in.dim() == 2, "t_in: expected 1-D or 2-D");
+  auto x = t_in.contiguous();
+  const int64_t rows = x.dim() == 2 ? x.size(0) : 1;
+  const int64_t n = x.size(-1);
+  auto shape = x.sizes().vec();
+  shape.back() = n + 1;
+  auto out = at::empty(shape, x.options());
+  dispatch_index(x, "t_in", [&](auto z) {
+    using index_t = decltype(z);
+    const index_t* s = x.data_ptr<index_t>();
+    index_t* d = out.data_ptr<index_t>();
+    for (int64_t r = 0; r < rows; ++r) {
+      index_t acc = 0;
+      d[r * (n + 1)] = 0;
+      for (int64_t i = 0; i < n; ++i) d[r * (n + 1) + i + 1] = acc += s[r * n + i];
+    }
+  });
+  return out;
+}
+
 at::Tensor asynchronous_exclusive_cumsum(const at::Tensor& t_in) {
   TORCH_CHECK_VALUE(t_in.dim() == 1, "t_in: expected 1-D");
   auto x = t_in.contiguous();
@@ -714,6 +737,7 @@ block_bucketize_sparse_features(const at::Tensor& lengths, const at::Tensor& ind
 }
 
 void bind_sparse(pybind11::module& m) {
+  m.def("asynchronous_complete_cumsum_rows", &asynchronous_complete_cumsum_rows);
   m.def("asynchronous_exclusive_cumsum", &asynchronous_exclusive_cumsum);
   m.def("asynchronous_inclusive_cumsum", &asynchronous_inclusive_cumsum);
   m.def("permute_2D_sparse_data", &permute_2D_sparse_data);

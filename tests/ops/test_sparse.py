@@ -68,6 +68,23 @@ def _need(op: str, backend: str) -> None:
         pytest.skip(f"{op} has no {backend} backend here")
 
 
+# --------------------------------------------------------------------------- cumsums
+
+
+@BACKENDS
+@pytest.mark.parametrize("op", ["asynchronous_complete_cumsum", "asynchronous_exclusive_cumsum",
+                                "asynchronous_inclusive_cumsum"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("shape", [(0,), (1,), (37,), (3, 9), (2, 0)], ids=str)
+def test_cumsums_match_fbgemm(backend, op, dtype, shape):
+    _need(op, backend)
+    if len(shape) == 2 and op != "asynchronous_complete_cumsum":
+        pytest.skip("fbgemm's exclusive/inclusive cumsums are 1-D")
+    g = torch.Generator().manual_seed(sum(shape) + len(shape))
+    x = _lengths(int(torch.tensor(shape).prod()), 50, dtype, g).reshape(shape)
+    _equal(_run(op, backend, x), getattr(FB, op)(x), op)
+
+
 # --------------------------------------------------------------------------- permute 2D / 1D
 
 

@@ -51,7 +51,7 @@ register(OpSpec(
     name="asynchronous_complete_cumsum",
     schema="(Tensor t_in) -> Tensor",
     reference=ref.asynchronous_complete_cumsum,
-    cpu_kernel="asynchronous_complete_cumsum",
+    cpu_kernel="asynchronous_complete_cumsum_rows",  # 1-D and 2-D (csrc/sparse.cpp)
     fake=_complete_cumsum_fake,
     fbgemm=True,
     fbgemm_ascend=True,
