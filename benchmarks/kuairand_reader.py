@@ -3,8 +3,9 @@
 Builds a KuaiRand-format ``log_standard`` CSV of about ``--mb`` megabytes (every official
 column) by writing shifted copies of a generated base table (user ids offset per copy, so users
 stay distinct), then runs :func:`torchrec_ascend.datasets.preprocess` on it in a fresh child
-process and reports that process's peak RSS (``ru_maxrss``; the RSS after its imports, before
-reading, is reported next to it) and rows/s.  The file and the cache
+process and reports that process's peak RSS (``VmHWM``: ``ru_maxrss`` would carry this
+parent's peak over the ``exec``; the RSS and peak after its imports, before reading, are reported
+next to it) and rows/s.  The file and the cache
 live in a temporary folder that is removed afterwards.
 
     python benchmarks/kuairand_reader.py --quick      # ~60 MB
@@ -30,17 +31,18 @@ if REPO not in sys.path:
 from benchmarks.common import print_table, write_json  # noqa: E402
 
 _CHILD = r"""
-import json, resource, sys, time
-from torchrec_ascend.datasets import preprocess, EventLog
+import json, sys, time
+from torchrec_ascend.datasets import preprocess, peak_rss_mb, EventLog
 import os
 rss0 = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+peak0 = peak_rss_mb()
 t0 = time.perf_counter()
 cache = preprocess([sys.argv[1]], sys.argv[2], num_buckets=int(sys.argv[3]))
 secs = time.perf_counter() - t0
 ev = EventLog.load(cache)
 print(json.dumps({"rows": int(ev.meta["rows"]), "users": ev.num_users, "items": ev.num_items,
                   "seconds": secs, "rss_before_mb": rss0,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}))
+                  "peak_rss_mb": peak_rss_mb(), "peak_after_imports_mb": peak0}))
 """
 
 
@@ -62,7 +64,8 @@ def build_csv(path: str, target_mb: float) -> int:
     span = int(uid.max()) + 1
     rows = 0
     with pcsv.CSVWriter(path, base.schema,
-                        write_options=pcsv.WriteOptions(quoting_style="none")) as w:
+                        write_options=pcsv.WriteOptions(quoting_style="none",
+                                                                  quoting_header="none")) as w:
         for c in range(copies):
             t = base.set_column(0, "user_id", pa.array(uid + c * span, pa.int64()))
             w.write_table(t)
@@ -97,6 +100,7 @@ def main() -> None:
            "seconds": res["seconds"], "rows_per_s": rows / res["seconds"],
            "mb_per_s": size_mb / res["seconds"], "peak_rss_mb": res["peak_rss_mb"],
            "rss_after_imports_mb": res["rss_before_mb"],
+           "peak_after_imports_mb": res["peak_after_imports_mb"],
            "buckets": args.buckets}
     print_table([row])
     print(f"wrote {write_json('kuairand_reader', {'quick': args.quick, 'rows': [row]})}")

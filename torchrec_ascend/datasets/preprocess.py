@@ -99,7 +99,17 @@ class PreprocessStats:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far (MiB)."""
+    """Peak resident set size of this process so far (MiB).
+
+    Linux: ``VmHWM`` of ``/proc/self/status`` (reset by ``exec``; ``ru_maxrss`` is not: a child
+    started from a large parent reports the parent's peak).  Elsewhere ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
