@@ -1,7 +1,8 @@
 """Streaming, validating readers for KuaiRand CSV files (pyarrow's columnar CSV engine).
 
-Files are never loaded whole: :func:`iter_log_chunks` yields one pyarrow block at a time as numpy
-arrays (ids, time, one-byte action bitmask).  Every data error is a :class:`KuaiRandDataError`
+Files are never loaded whole: the file is read in newline-aligned pieces of ``block_size`` bytes,
+each parsed by pyarrow's CSV reader, and :func:`iter_log_chunks` yields one piece at a time as
+numpy arrays (ids, time, one-byte action bitmask).  Every data error is a :class:`KuaiRandDataError`
 (a ``ValueError``) naming the file, the row and the column: rows are counted from 1 for the first
 data row (the header is line 1 of the file, so data row ``r`` is file line ``r + 1``).
 """
@@ -107,37 +108,57 @@ def _locate_bad_value(path: str, delim: str, columns: Sequence[str], row0: int,
     return KuaiRandDataError(path, row0 + 1, None, "unparseable row")
 
 
+def _pieces(path: str, block_size: int) -> Iterator[bytes]:
+    """The data lines of ``path`` (header skipped) in pieces of about ``block_size`` bytes, each
+    ending at a line end.  Bounded memory: pyarrow's streaming reader (``open_csv``) was measured
+    to grow with the file (docs/kuairand.md); parsing one piece at a time does not."""
+    with open(path, "rb") as f:
+        f.readline()
+        rest = b""
+        while True:
+            buf = f.read(block_size)
+            if not buf:
+                if rest.strip():
+                    yield rest + b"\n"
+                return
+            data = rest + buf
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                rest = data
+                continue
+            rest = data[cut:]
+            yield data[:cut]
+
+
 def iter_int_columns(path: str, columns: Sequence[str], delim: str,
                      block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Tuple[int, Dict[str, np.ndarray]]]:
-    """Stream ``columns`` of ``path`` as int64 numpy arrays: yields ``(first_row, arrays)``."""
+    """Stream ``columns`` of ``path`` as int64 numpy arrays: yields ``(first_row, arrays)``.
+
+    pyarrow parses each newline-aligned piece of about ``block_size`` bytes (:func:`_pieces`)."""
+    header, _ = read_header(path)
     opts = pcsv.ConvertOptions(include_columns=list(columns),
                                column_types={c: pa.int64() for c in columns},
                                strings_can_be_null=True)
-    try:
-        reader = pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=block_size),
-                               parse_options=pcsv.ParseOptions(delimiter=delim),
-                               convert_options=opts)
-    except pa.ArrowInvalid as e:
-        if "Empty CSV" in str(e):
-            raise KuaiRandDataError(path, 0, None, "file is empty (no header)") from e
-        raise _locate_bad_value(path, delim, columns, 0, block_size) from e
+    ropts = pcsv.ReadOptions(column_names=list(header))
+    popts = pcsv.ParseOptions(delimiter=delim)
     row = 0
-    while True:
+    for piece in _pieces(path, block_size):
         try:
-            batch = reader.read_next_batch()
-        except StopIteration:
-            return
+            table = pcsv.read_csv(pa.py_buffer(piece), read_options=ropts, parse_options=popts,
+                                  convert_options=opts)
         except pa.ArrowInvalid as e:
             raise _locate_bad_value(path, delim, columns, row, block_size) from e
         out: Dict[str, np.ndarray] = {}
         for c in columns:
-            col = batch.column(c)
+            col = table.column(c).combine_chunks()
             if col.null_count:
                 i = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
                 raise KuaiRandDataError(path, row + i + 1, c, "empty value, expected an integer")
             out[c] = col.to_numpy()
-        yield row, out
-        row += batch.num_rows
+        del table
+        if len(out[columns[0]]):
+            yield row, out
+        row += len(out[columns[0]])
 
 
 def iter_log_chunks(path: str, block_size: int = DEFAULT_BLOCK_SIZE
