@@ -10,6 +10,7 @@ PIP        := $(PY) -m pip
 PIP_FLAGS  := --disable-pip-version-check --progress-bar off
 TORCH_PIN  := torch==2.13.0
 STAMP_DEPS := $(VENV)/.deps-stamp
+STAMP_EDIT := $(VENV)/.editable-stamp
 STAMP_BUILD:= $(VENV)/.build-stamp
 CSRC       := $(wildcard csrc/*.cpp csrc/*.h csrc/simnpu/*.cpp csrc/simnpu/*.h)
 PYTEST_ARGS ?=
@@ -31,9 +32,15 @@ $(STAMP_DEPS): $(PY) requirements.txt Makefile
 	$(PY) -c "import torch, fbgemm_gpu, torchrec; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 
-# csrc/ -> torchrec_ascend/_C*.so (in place, editable install).  flock: one build at a time.
-$(STAMP_BUILD): $(STAMP_DEPS) $(CSRC) setup.py
-	flock .build.lock $(PIP) install $(PIP_FLAGS) -q --no-build-isolation --no-deps -e .
+# The editable install links the package into the venv (no compilation: TORCHREC_ASCEND_NO_EXT).
+$(STAMP_EDIT): $(STAMP_DEPS) setup.py
+	TORCHREC_ASCEND_NO_EXT=1 $(PIP) install $(PIP_FLAGS) -q --no-build-isolation --no-deps -e .
+	touch $@
+
+# csrc/ -> torchrec_ascend/_C*.so, _simnpu*.so in place.  build_ext keeps its ninja objects in
+# build/, so a change to one .cpp recompiles that file only.  flock: one build at a time.
+$(STAMP_BUILD): $(STAMP_EDIT) $(CSRC) setup.py
+	flock .build.lock $(PY) setup.py -q build_ext --inplace
 	$(PY) -c "import torchrec_ascend.ops.cpu as c; assert c.available(), 'csrc extension did not load'"
 	touch $@
 

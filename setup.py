@@ -24,7 +24,7 @@ def _ext_modules():
         name="torchrec_ascend._C",
         sources=sources,
         include_dirs=[os.path.join(ROOT, "csrc")],
-        extra_compile_args=["-O3", "-fopenmp", "-std=c++17"],
+        extra_compile_args=["-O3", "-g0", "-fopenmp", "-std=c++17"],
         extra_link_args=["-fopenmp"],
     )
     # test infrastructure: the simulated NPU (PrivateUse1 over host memory), loaded only by
@@ -36,7 +36,7 @@ def _ext_modules():
         name="torchrec_ascend._simnpu",
         sources=simnpu_sources,
         include_dirs=[os.path.join(ROOT, "csrc", "simnpu")],
-        extra_compile_args=["-O2"],
+        extra_compile_args=["-O2", "-g0"],
     )
     return [ext, simnpu], {"build_ext": BuildExtension.with_options(use_ninja=True)}
 
