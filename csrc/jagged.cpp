@@ -1,4 +1,4 @@
-// CPU kernels for jagged <-> padded dense conversion, the complete cumsum and the jagged
+// CPU kernels for jagged <-> padded dense conversion and the jagged
 // batched GEMMs (jagged_jagged_bmm / jagged_dense_bmm: one BLAS GEMM per sequence).
 // One jagged dimension; values are [T, *inner] and handled as [T, D] rows.
 // OpenMP over (sequence, row) pairs; each output row is a single contiguous copy or fill.
@@ -153,23 +153,6 @@ at::Tensor jagged_to_padded_dense_backward(const at::Tensor& grad_output,
   return dense_to_jagged_forward(grad_output, offsets, total_L);
 }
 
-at::Tensor asynchronous_complete_cumsum(const at::Tensor& t_in) {
-  TORCH_CHECK(t_in.dim() == 1, "t_in: the C++ kernel takes 1-D input");
-  auto x = t_in.contiguous();
-  auto out = at::empty({x.numel() + 1}, x.options());
-  AT_DISPATCH_INDEX_TYPES(x.scalar_type(), "asynchronous_complete_cumsum", [&] {
-    const index_t* src = x.data_ptr<index_t>();
-    index_t* dst = out.data_ptr<index_t>();
-    index_t acc = 0;
-    dst[0] = 0;
-    for (int64_t i = 0; i < x.numel(); ++i) {
-      acc += src[i];
-      dst[i + 1] = acc;
-    }
-  });
-  return out;
-}
-
 at::Tensor jagged_jagged_bmm_forward(const at::Tensor& x_values, const at::Tensor& y_values,
                                      const at::Tensor& x_offsets, int64_t max_L) {
   TORCH_CHECK(x_values.dim() == 2 && y_values.dim() == 2, "x_values, y_values: expected 2-D");
@@ -211,7 +194,6 @@ void bind_jagged(pybind11::module& m) {
   m.def("jagged_to_padded_dense_forward", &jagged_to_padded_dense_forward);
   m.def("dense_to_jagged_forward", &dense_to_jagged_forward);
   m.def("jagged_to_padded_dense_backward", &jagged_to_padded_dense_backward);
-  m.def("asynchronous_complete_cumsum", &asynchronous_complete_cumsum);
   m.def("jagged_jagged_bmm_forward", &jagged_jagged_bmm_forward);
   m.def("jagged_dense_bmm_forward", &jagged_dense_bmm_forward);
 }

@@ -151,7 +151,8 @@ at::Tensor asynchronous_complete_cumsum_rows(const at::Tensor& t_in) {
   return out;
 }
 
-at::Tensor asynchronous_exclusive_cumsum(const at::Tensor& t_in) {
+// Running sum of a 1-D int tensor; `inclusive` chooses whether element i counts itself.
+static at::Tensor running_sum_1d(const at::Tensor& t_in, bool inclusive) {
   TORCH_CHECK_VALUE(t_in.dim() == 1, "t_in: expected 1-D");
   auto x = t_in.contiguous();
   auto out = at::empty_like(x);
@@ -161,25 +162,20 @@ at::Tensor asynchronous_exclusive_cumsum(const at::Tensor& t_in) {
     index_t* d = out.data_ptr<index_t>();
     index_t acc = 0;
     for (int64_t i = 0; i < x.numel(); ++i) {
-      d[i] = acc;
+      const index_t before = acc;
       acc += s[i];
+      d[i] = inclusive ? acc : before;
     }
   });
   return out;
 }
 
+at::Tensor asynchronous_exclusive_cumsum(const at::Tensor& t_in) {
+  return running_sum_1d(t_in, /*inclusive=*/false);
+}
+
 at::Tensor asynchronous_inclusive_cumsum(const at::Tensor& t_in) {
-  TORCH_CHECK_VALUE(t_in.dim() == 1, "t_in: expected 1-D");
-  auto x = t_in.contiguous();
-  auto out = at::empty_like(x);
-  dispatch_index(x, "t_in", [&](auto z) {
-    using index_t = decltype(z);
-    const index_t* s = x.data_ptr<index_t>();
-    index_t* d = out.data_ptr<index_t>();
-    index_t acc = 0;
-    for (int64_t i = 0; i < x.numel(); ++i) d[i] = acc += s[i];
-  });
-  return out;
+  return running_sum_1d(t_in, /*inclusive=*/true);
 }
 
 // ------------------------------------------------------------------------------ permutes
