@@ -142,6 +142,12 @@ struct Problem {
   }
 };
 
+// rows [r0, r1) of a [T, row] buffer = 0
+template <typename scalar_t>
+void zero_rows(scalar_t* base, int64_t r0, int64_t r1, int64_t row) {
+  if (r1 > r0) std::fill(base + r0 * row, base + r1 * row, scalar_t(0));
+}
+
 // [rows, cols] view of head h of rows [r0, r0 + rows) of a jagged [T, H, d] buffer
 template <typename scalar_t>
 at::Tensor view(scalar_t* base, int64_t r0, int64_t rows, int64_t h, int64_t H, int64_t d,
@@ -218,6 +224,10 @@ void backward_impl(const Problem<scalar_t>& P, scalar_t* go, scalar_t* q, scalar
 #pragma omp for schedule(dynamic, 1)
     for (int64_t oi = 0; oi < P.B; ++oi) {
       const int64_t b = order[oi], n = P.len(b), s0 = P.off[b];
+      // this task owns rows [s0, s0 + n) of dq, dk, dv: zero them, then accumulate
+      zero_rows(dq, s0, s0 + n, P.H * P.dqk);
+      zero_rows(dk, s0, s0 + n, P.H * P.dqk);
+      zero_rows(dv, s0, s0 + n, P.H * P.dv);
       for (int64_t j0 = 0; j0 < n; j0 += kTile) {
         const int64_t w = std::min(kTile, n - j0);
         // rows that can see keys [j0, j0 + w): the contextual prefix and rows >= j0
@@ -289,9 +299,9 @@ struct Inputs {
 Inputs prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& offsets,
                const c10::optional<at::Tensor>& num_targets, const c10::optional<at::Tensor>& pos_w,
                const c10::optional<at::Tensor>& ts_w, const c10::optional<at::Tensor>& timestamps) {
-  TORCH_CHECK(q.dim() == 3 && k.sizes() == q.sizes() && v.dim() == 3 && v.size(0) == q.size(0) &&
-                  v.size(1) == q.size(1),
-              "hstu_mha: q, k [T, H, dqk] and v [T, H, dv] expected");
+  TORCH_CHECK_VALUE(q.dim() == 3 && k.sizes() == q.sizes() && v.dim() == 3 && v.size(0) == q.size(0) &&
+                        v.size(1) == q.size(1),
+                    "hstu_mha: q, k [T, H, dqk] and v [T, H, dv] expected");
   const auto ct = compute_type(q);
   Inputs in;
   in.q = q.to(ct).contiguous();
@@ -341,22 +351,98 @@ Problem<scalar_t> problem(const Inputs& in, double alpha, int64_t max_seq_len, b
   return P;
 }
 
+// out: CPU, `dtype`, `sizes`, contiguous (the kernels write through raw pointers)
+void check_out(const char* name, const at::Tensor& t, at::IntArrayRef sizes, at::ScalarType dtype) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), name, ": must be a CPU tensor, got device ", t.device());
+  TORCH_CHECK_VALUE(t.scalar_type() == dtype, name, ": dtype must be ", dtype, ", got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.sizes() == sizes, name, ": shape must be ", sizes, ", got ", t.sizes());
+  TORCH_CHECK_VALUE(t.is_contiguous(), name, ": must be contiguous");
+}
+
+// Where the kernel writes: `out` itself when it has the compute dtype, else an fp32 buffer that
+// is copied into `out` afterwards (half / bfloat16 outputs).
+at::Tensor work_buffer(const at::Tensor& out, at::ScalarType ct) {
+  return out.scalar_type() == ct ? out : at::empty(out.sizes(), out.options().dtype(ct));
+}
+
 }  // namespace
+
+void hstu_mha_fwd_out(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const at::Tensor& offsets, double alpha, int64_t max_seq_len, bool norm_by_seq_len,
+                      const c10::optional<at::Tensor>& num_targets, int64_t contextual_seq_len,
+                      const c10::optional<at::Tensor>& pos_w, const c10::optional<at::Tensor>& ts_w,
+                      const c10::optional<at::Tensor>& timestamps) {
+  Inputs in = prepare(q, k, v, offsets, num_targets, pos_w, ts_w, timestamps);
+  check_out("out", out, {q.size(0), q.size(1), v.size(2)}, q.scalar_type());
+  at::Tensor work = work_buffer(out, in.q.scalar_type());
+  AT_DISPATCH_FLOATING_TYPES(in.q.scalar_type(), "hstu_mha_fwd", [&] {
+    auto P = problem<scalar_t>(in, alpha, max_seq_len, norm_by_seq_len, contextual_seq_len);
+    scalar_t* o = work.data_ptr<scalar_t>();
+    // rows outside every sequence are zero; every row of a sequence is written by its tile
+    const int64_t row = P.H * P.dv;
+    zero_rows(o, 0, P.off.front(), row);
+    zero_rows(o, P.off.back(), q.size(0), row);
+    forward_impl<scalar_t>(P, in.q.data_ptr<scalar_t>(), in.k.data_ptr<scalar_t>(),
+                           in.v.data_ptr<scalar_t>(), o);
+  });
+  if (!work.is_same(out)) out.copy_(work);
+}
 
 at::Tensor hstu_mha_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                         const at::Tensor& offsets, double alpha, int64_t max_seq_len, bool norm_by_seq_len,
                         const c10::optional<at::Tensor>& num_targets, int64_t contextual_seq_len,
                         const c10::optional<at::Tensor>& pos_w, const c10::optional<at::Tensor>& ts_w,
                         const c10::optional<at::Tensor>& timestamps) {
+  TORCH_CHECK_VALUE(q.dim() == 3 && v.dim() == 3, "hstu_mha: q, k [T, H, dqk] and v [T, H, dv] expected");
+  at::Tensor out = at::empty({q.size(0), q.size(1), v.size(2)}, q.options());
+  hstu_mha_fwd_out(out, q, k, v, offsets, alpha, max_seq_len, norm_by_seq_len, num_targets,
+                   contextual_seq_len, pos_w, ts_w, timestamps);
+  return out;
+}
+
+void hstu_mha_bwd_out(const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv, const at::Tensor& dpos,
+                      const at::Tensor& dts,
+                      const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                      const at::Tensor& v, const at::Tensor& offsets, double alpha, int64_t max_seq_len,
+                      bool norm_by_seq_len, const c10::optional<at::Tensor>& num_targets,
+                      int64_t contextual_seq_len, const c10::optional<at::Tensor>& pos_w,
+                      const c10::optional<at::Tensor>& ts_w, const c10::optional<at::Tensor>& timestamps) {
   Inputs in = prepare(q, k, v, offsets, num_targets, pos_w, ts_w, timestamps);
-  // rows outside every sequence (T > last offset) are zero
-  at::Tensor out = at::zeros({q.size(0), q.size(1), v.size(2)}, in.q.options());
-  AT_DISPATCH_FLOATING_TYPES(in.q.scalar_type(), "hstu_mha_fwd", [&] {
+  TORCH_CHECK_VALUE(grad_out.sizes() == at::IntArrayRef({q.size(0), q.size(1), v.size(2)}),
+                    "grad_out: expected [T, H, dv] = ", at::IntArrayRef({q.size(0), q.size(1), v.size(2)}),
+                    ", got ", grad_out.sizes());
+  const auto st = q.scalar_type(), ct = in.q.scalar_type();
+  check_out("dq", dq, q.sizes(), st);
+  check_out("dk", dk, k.sizes(), st);
+  check_out("dv", dv, v.sizes(), st);
+  check_out("dpos", dpos, {in.pos_w.defined() ? in.pos_w.numel() : 0}, st);
+  check_out("dts", dts, {in.ts_w.defined() ? in.ts_w.numel() : 0}, st);
+  at::Tensor go = grad_out.to(ct).contiguous();
+  at::Tensor wq = work_buffer(dq, ct), wk = work_buffer(dk, ct), wv = work_buffer(dv, ct);
+  AT_DISPATCH_FLOATING_TYPES(ct, "hstu_mha_bwd", [&] {
     auto P = problem<scalar_t>(in, alpha, max_seq_len, norm_by_seq_len, contextual_seq_len);
-    forward_impl<scalar_t>(P, in.q.data_ptr<scalar_t>(), in.k.data_ptr<scalar_t>(),
-                           in.v.data_ptr<scalar_t>(), out.data_ptr<scalar_t>());
+    scalar_t *gq = wq.data_ptr<scalar_t>(), *gk = wk.data_ptr<scalar_t>(), *gv = wv.data_ptr<scalar_t>();
+    // rows outside every sequence get zero gradients (the rows of sequence b are zeroed by b's task)
+    const int64_t T = q.size(0);
+    for (const auto& [ptr, d] : {std::pair<scalar_t*, int64_t>{gq, P.dqk}, {gk, P.dqk}, {gv, P.dv}}) {
+      zero_rows(ptr, 0, P.off.front(), P.H * d);
+      zero_rows(ptr, P.off.back(), T, P.H * d);
+    }
+    std::vector<double> gp(dpos.numel(), 0.0), gt(dts.numel(), 0.0);
+    backward_impl<scalar_t>(P, go.data_ptr<scalar_t>(), in.q.data_ptr<scalar_t>(), in.k.data_ptr<scalar_t>(),
+                            in.v.data_ptr<scalar_t>(), gq, gk, gv, gp, gt);
+    // table gradients: accumulated in float64, every entry written here
+    auto put = [](const at::Tensor& dst, const std::vector<double>& src) {
+      at::Tensor d64 = at::from_blob(const_cast<double*>(src.data()), {static_cast<int64_t>(src.size())},
+                                     at::TensorOptions().dtype(at::kDouble));
+      dst.copy_(d64);
+    };
+    put(dpos, gp);
+    put(dts, gt);
   });
-  return out.to(q.scalar_type());
+  if (!wq.is_same(dq)) dq.copy_(wq);
+  if (!wk.is_same(dk)) dk.copy_(wk);
+  if (!wv.is_same(dv)) dv.copy_(wv);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> hstu_mha_bwd(
@@ -365,29 +451,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> hstu_mha_
     const c10::optional<at::Tensor>& num_targets, int64_t contextual_seq_len,
     const c10::optional<at::Tensor>& pos_w, const c10::optional<at::Tensor>& ts_w,
     const c10::optional<at::Tensor>& timestamps) {
-  Inputs in = prepare(q, k, v, offsets, num_targets, pos_w, ts_w, timestamps);
-  TORCH_CHECK(grad_out.sizes() == at::IntArrayRef({q.size(0), q.size(1), v.size(2)}),
-              "grad_out: expected [T, H, dv]");
-  at::Tensor go = grad_out.to(in.q.scalar_type()).contiguous();
-  at::Tensor dq = at::zeros_like(in.q), dk = at::zeros_like(in.k), dv = at::zeros_like(in.v);
-  at::Tensor dpos = at::zeros({in.pos_w.defined() ? in.pos_w.numel() : 0}, in.q.options());
-  at::Tensor dts = at::zeros({in.ts_w.defined() ? in.ts_w.numel() : 0}, in.q.options());
-  AT_DISPATCH_FLOATING_TYPES(in.q.scalar_type(), "hstu_mha_bwd", [&] {
-    auto P = problem<scalar_t>(in, alpha, max_seq_len, norm_by_seq_len, contextual_seq_len);
-    std::vector<double> gp(dpos.numel(), 0.0), gt(dts.numel(), 0.0);
-    backward_impl<scalar_t>(P, go.data_ptr<scalar_t>(), in.q.data_ptr<scalar_t>(), in.k.data_ptr<scalar_t>(),
-                            in.v.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(),
-                            dv.data_ptr<scalar_t>(), gp, gt);
-    for (int64_t i = 0; i < dpos.numel(); ++i) dpos.data_ptr<scalar_t>()[i] = static_cast<scalar_t>(gp[i]);
-    for (int64_t i = 0; i < dts.numel(); ++i) dts.data_ptr<scalar_t>()[i] = static_cast<scalar_t>(gt[i]);
-  });
-  const auto st = q.scalar_type();
-  return {dq.to(st), dk.to(st), dv.to(st), dpos.to(st), dts.to(st)};
+  at::Tensor dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options());
+  at::Tensor dv = at::empty(v.sizes(), v.options());
+  at::Tensor dpos = at::empty({pos_w.has_value() ? pos_w->numel() : 0}, q.options());
+  at::Tensor dts = at::empty({ts_w.has_value() ? ts_w->numel() : 0}, q.options());
+  hstu_mha_bwd_out(dq, dk, dv, dpos, dts, grad_out, q, k, v, offsets, alpha, max_seq_len, norm_by_seq_len,
+                   num_targets, contextual_seq_len, pos_w, ts_w, timestamps);
+  return {dq, dk, dv, dpos, dts};
 }
 
 void bind_hstu(pybind11::module& m) {
   m.def("hstu_mha_fwd", &hstu_mha_fwd, "fused jagged HSTU attention, forward (OpenMP)");
+  m.def("hstu_mha_fwd_out", &hstu_mha_fwd_out,
+        "hstu_mha_fwd writing into a caller-provided contiguous CPU `out` [T, H, dv] of q's dtype "
+        "(every element written)");
   m.def("hstu_mha_bwd", &hstu_mha_bwd, "fused jagged HSTU attention, backward (OpenMP)");
+  m.def("hstu_mha_bwd_out", &hstu_mha_bwd_out,
+        "hstu_mha_bwd writing into caller-provided contiguous CPU dq, dk, dv (shapes of q, k, v) and "
+        "dpos, dts (shapes of pos_w, ts_w, or [0] when absent), all of q's dtype (every element written)");
 }
 
 }  // namespace torchrec_ascend

@@ -214,3 +214,141 @@ def test_bad_input_raises_value_error(bad, match):
     kw = {"normalization": "max_len", **args, **bad}
     with pytest.raises(ValueError, match=match):
         hstu_mha(**kw)
+
+
+# --------------------------------------------------------------------------- csrc out-variants
+
+from torchrec_ascend.ops.reference import hstu as ref  # noqa: E402
+
+_needs_kernel = pytest.mark.skipif(cpu.kernel("hstu_mha_fwd_out") is None,
+                                   reason="csrc extension not built")
+
+# lengths (0, 1 and the max; several 64-row tiles), max_seq_len, targets, contextual, pos, time,
+# normalization
+OUT_CASES = [
+    ([70, 0, 1, 130, 64, 3], 130, False, 0, False, False, "max_len"),
+    ([70, 0, 1, 130, 64, 3], 130, True, 0, True, True, "seq_len"),
+    ([130, 1, 0, 66], 130, True, 3, True, False, "max_len"),
+    ([0, 1, 130, 9], 130, False, 2, False, True, "seq_len"),
+]
+POISONS = (float("nan"), 1.0e30)
+
+
+def _positional(args, normalization):
+    return (args["q"], args["k"], args["v"], args["offsets"], args["alpha"], args["max_seq_len"],
+            normalization == "seq_len", args["num_targets"], args["contextual_seq_len"],
+            args["pos_w"], args["ts_w"], args["timestamps"])
+
+
+def _ref64(pos, grad):
+    """Forward and (dq, dk, dv, d pos_w, d ts_w) of the padded reference in float64."""
+    p64 = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in pos]
+    return ref.hstu_mha(*p64), ref.hstu_mha_backward(grad.double(), *p64)
+
+
+def _poisoned_run(pos, grad, poison):
+    """Run both out-variants on buffers filled with ``poison``; returns (out, grads)."""
+    q, k, v, pos_w, ts_w = pos[0], pos[1], pos[2], pos[9], pos[10]
+    out = torch.full((q.shape[0], q.shape[1], v.shape[2]), poison, dtype=q.dtype)
+    cpu.kernel("hstu_mha_fwd_out")(out, *pos)
+    grads = (torch.full_like(q, poison), torch.full_like(k, poison), torch.full_like(v, poison),
+             torch.full((pos_w.numel() if pos_w is not None else 0,), poison, dtype=q.dtype),
+             torch.full((ts_w.numel() if ts_w is not None else 0,), poison, dtype=q.dtype))
+    cpu.kernel("hstu_mha_bwd_out")(*grads, grad, *pos)
+    return out, grads
+
+
+@_needs_kernel
+@pytest.mark.parametrize("poison", POISONS, ids=("nan", "sentinel"))
+@pytest.mark.parametrize("case", range(len(OUT_CASES)))
+def test_cpu_kernel_out_variants_write_every_element(case, poison):
+    """Outputs poisoned before the run (NaN, then a 1e30 sentinel): forward and backward must
+    overwrite every element and equal the padded reference; fresh random inputs per check."""
+    lengths, msl, targets, c, pos_b, time_b, norm = OUT_CASES[case]
+    seed = 100 + 2 * case + int(math.isnan(poison))
+    args = _case(lengths, H=2, dqk=8, dv=6, max_seq_len=msl, targets=targets, c=c, pos=pos_b,
+                 time=time_b, seed=seed)
+    pos = _positional(args, norm)
+    grad = torch.randn(pos[0].shape[0], 2, 6, generator=torch.Generator().manual_seed(seed))
+    out, grads = _poisoned_run(pos, grad, poison)
+    want, want_grads = _ref64(pos, grad)
+    torch.testing.assert_close(out.double(), want, rtol=2e-4, atol=2e-5)
+    for name, g, w in zip(("dq", "dk", "dv", "d_pos_w", "d_ts_w"), grads, want_grads):
+        assert g.shape == w.shape, name
+        torch.testing.assert_close(g.double(), w, rtol=2e-4, atol=2e-5,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+
+
+@_needs_kernel
+@pytest.mark.parametrize("poison", POISONS, ids=("nan", "sentinel"))
+def test_cpu_kernel_out_variants_zero_rows_outside_sequences(poison):
+    """Rows before the first offset and after the last one belong to no sequence: their outputs
+    and gradients are written as 0; the rows of the sequences equal the reference on the slice."""
+    lengths, lead, tail = [5, 0, 1, 70], 3, 4
+    args = _case([lead + sum(lengths) + tail], H=2, dqk=8, dv=6, max_seq_len=80, targets=False,
+                 c=1, seed=7 + int(math.isnan(poison)))
+    inner = torch.tensor([0] + lengths).cumsum(0)
+    args["offsets"] = inner + lead
+    args["max_seq_len"] = 70
+    args["pos_w"] = args["pos_w"][: 2 * 70 - 1].contiguous()
+    pos = _positional(args, "max_len")
+    T = pos[0].shape[0]
+    grad = torch.randn(T, 2, 6, generator=torch.Generator().manual_seed(9))
+    out, grads = _poisoned_run(pos, grad, poison)
+    rows = slice(lead, T - tail)
+    sliced = list(pos)
+    sliced[3] = inner
+    for i in (0, 1, 2, 11):
+        sliced[i] = pos[i][rows]
+    want, want_grads = _ref64(sliced, grad[rows])
+    torch.testing.assert_close(out[rows].double(), want, rtol=2e-4, atol=2e-5)
+    for g, w in zip(grads[:3], want_grads[:3]):
+        torch.testing.assert_close(g[rows].double(), w, rtol=2e-4, atol=2e-5)
+    for g, w in zip(grads[3:], want_grads[3:]):
+        torch.testing.assert_close(g.double(), w, rtol=2e-4, atol=2e-5)
+    for t in (out,) + grads[:3]:
+        assert bool((t[:lead] == 0).all()) and bool((t[T - tail:] == 0).all())
+
+
+@_needs_kernel
+def test_cpu_kernel_out_variants_half_precision():
+    """fp16 outputs (computed in fp32, then copied into the caller's buffers), poisoned first."""
+    args = _case([0, 1, 20, 7], max_seq_len=20, targets=True, c=1, dtype=torch.float16, seed=31)
+    pos = _positional(args, "max_len")
+    grad = torch.randn(pos[0].shape[0], 2, 6).half()
+    out, grads = _poisoned_run(pos, grad, float("nan"))
+    assert out.dtype == torch.float16 and all(g.dtype == torch.float16 for g in grads)
+    want, want_grads = _ref64(pos, grad)
+    torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-3)
+    for g, w in zip(grads, want_grads):
+        torch.testing.assert_close(g.double(), w, rtol=2e-2, atol=2e-2)
+
+
+@_needs_kernel
+@pytest.mark.parametrize("which, bad, match", [
+    ("fwd", lambda t: t[:, :, :5], "out: shape"),
+    ("fwd", lambda t: t.double(), "out: dtype"),
+    ("fwd", lambda t: t.transpose(0, 1).contiguous().transpose(0, 1), "out: must be contiguous"),
+    ("fwd", lambda t: t.to("meta"), "out: must be a CPU tensor"),
+    ("bwd", lambda t: t[:-1], "dq: shape"),
+    ("bwd", lambda t: t.double(), "dq: dtype"),
+])
+def test_cpu_kernel_out_variants_reject_bad_buffers(which, bad, match):
+    args = _case([3, 5], max_seq_len=8, seed=4)
+    pos = _positional(args, "max_len")
+    q, k, v = pos[:3]
+    out = torch.empty(q.shape[0], q.shape[1], v.shape[2])
+    if which == "fwd":
+        with pytest.raises(ValueError, match=match):
+            cpu.kernel("hstu_mha_fwd_out")(bad(out), *pos)
+    else:
+        grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+                 torch.empty_like(pos[9]), torch.empty_like(pos[10])]
+        grads[0] = bad(grads[0])
+        with pytest.raises(ValueError, match=match):
+            cpu.kernel("hstu_mha_bwd_out")(*grads, torch.zeros_like(out), *pos)
+    # the table gradients must match their tables
+    grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty(3),
+             torch.empty_like(pos[10])]
+    with pytest.raises(ValueError, match="dpos: shape"):
+        cpu.kernel("hstu_mha_bwd_out")(*grads, torch.zeros_like(out), *pos)
