@@ -147,11 +147,17 @@ def compile_only(arch: int, dtype_name: str, kernels: Sequence[str]) -> bool:
     ptrs = {"Q", "K", "V", "DO", "OUT", "DK", "DVAL", "DQP", "DPOS", "DTS", "PW", "TW", "THR", "TS",
             "OFF", "NT"}
     ok = True
-    for name in kernels:
+    # a kernel with a BWD flag (_q_tile_kernel: forward and dq backward) is compiled both ways
+    variants = [(name, bwd) for name in kernels
+                for bwd in ((False, True) if "BWD" in getattr(th, name).arg_names else (None,))]
+    for name, bwd in variants:
         fn = getattr(th, name)
         sig, cons = {}, {}
+        label = name if bwd is None else f"{name}[BWD={bwd}]"
         for arg in fn.arg_names:
-            if arg in flags:
+            if arg == "BWD":
+                sig[arg], cons[arg] = "constexpr", bwd
+            elif arg in flags:
                 sig[arg], cons[arg] = "constexpr", flags[arg]
             elif arg in ptrs:
                 sig[arg] = "*" + ptr_types.get(arg, dt)
@@ -163,11 +169,11 @@ def compile_only(arch: int, dtype_name: str, kernels: Sequence[str]) -> bool:
         try:
             k = triton.compile(ASTSource(fn, sig, cons), target=GPUTarget("cuda", arch, 32),
                                options={"num_warps": 4, "num_stages": 2 if dt == "fp32" else 3})
-            print(f"compiled {name} {dtype_name} sm_{arch}: shared {k.metadata.shared} B, "
+            print(f"compiled {label} {dtype_name} sm_{arch}: shared {k.metadata.shared} B, "
                   f"{time.time() - t0:.0f} s", flush=True)
         except Exception as e:  # report every kernel, then fail
             ok = False
-            print(f"FAILED to compile {name} {dtype_name} sm_{arch}: {e!r}", flush=True)
+            print(f"FAILED to compile {label} {dtype_name} sm_{arch}: {e!r}", flush=True)
     return ok
 
 
@@ -257,7 +263,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--compile-only", type=int, metavar="SM",
                     help="no GPU needed: compile the kernels for CUDA sm_SM (e.g. 90) with the "
                          "first of --dtypes, and exit")
-    ap.add_argument("--kernels", default="_fwd_kernel,_bwd_dkdv_kernel,_bwd_dq_kernel",
+    ap.add_argument("--kernels", default="_q_tile_kernel,_bwd_dkdv_kernel",
                     help="with --compile-only: which kernels")
     args = ap.parse_args(argv)
 

@@ -10,14 +10,15 @@ those of :mod:`torchrec_ascend.ops.reference.hstu` (the oracle)::
 
 Kernels (grid ``(B * H, tiles)``; a program whose tile starts past its sequence's end exits):
 
-* ``_fwd_kernel``: one program per (sequence, head, query tile); loops over key tiles only up to
-  the tile's causal limit (``min(i_max + 1, n)``; the history end ``n - num_targets`` for tiles
-  holding contextual rows), target keys only on the diagonal (a target sees no other target).
+* ``_q_tile_kernel`` (``BWD=False``, the forward): one program per (sequence, head, query tile);
+  loops over key tiles only up to the tile's causal limit (``min(i_max + 1, n)``; the history end
+  ``n - num_targets`` for tiles holding contextual rows), target keys only on the diagonal (a
+  target sees no other target).
 * ``_bwd_dkdv_kernel``: one program per (sequence, head, key tile); loops over the query tiles
   that can see those keys (rows ``>=`` the tile start, plus the contextual rows) and accumulates
   ``dk``, ``dv`` in registers: deterministic, no atomics.
-* ``_bwd_dq_kernel``: one program per (sequence, head, query tile), the forward's loop again,
-  accumulating ``dq`` in registers and scattering ``d(score)`` into the bias-table gradients with
+* ``_q_tile_kernel`` (``BWD=True``, dq): the forward's programs and loop (the same code, one
+  kernel: score, bias and mask of a key tile are written once), accumulating ``dq`` in registers and scattering ``d(score)`` into the bias-table gradients with
   atomic adds into ``_BIAS_SLOTS`` (64) fp32 copies (program ``p`` uses copy ``p % 64``, spreading
   contention), summed on the host side.
 
@@ -131,6 +132,16 @@ def _key_ranges(m0, n, hist, ctx, BLOCK_M: tl.constexpr, HAS_CTX: tl.constexpr):
 
 
 @triton.jit
+def _scales(n, alpha_hi, alpha_lo, max_seq_len, NORM_BY_LEN: tl.constexpr, ACC: tl.constexpr):
+    """``alpha`` (re-joined from its two fp32 halves) and ``1 / N`` in the accumulator dtype."""
+    alpha = (n * 0).to(ACC) + alpha_hi + alpha_lo
+    inv_norm = 1.0 / (n * 0 + max_seq_len).to(ACC)
+    if NORM_BY_LEN:
+        inv_norm = 1.0 / n.to(ACC)
+    return alpha, inv_norm
+
+
+@triton.jit
 def _load_rows(PTR, base, offs, ok, stride_t, offs_d, d, other):
     ptrs = PTR + (base + offs)[:, None] * stride_t + offs_d[None, :]
     return tl.load(ptrs, mask=ok[:, None] & (offs_d[None, :] < d), other=other)
@@ -140,14 +151,18 @@ def _load_rows(PTR, base, offs, ok, stride_t, offs_d, d, other):
 
 
 @triton.jit
-def _fwd_block(
-    acc, q, tq, offs_m, row_ok, n0, bound, start, h, n, inv_norm,
-    K, V, TS, PW, TW, THR, stride_kt, stride_kh, stride_vt, stride_vh, DQ, DV,
+def _q_block(
+    acc, q, do, tq, offs_m, row_ok, n0, bound, start, h, inv_norm, slot,
+    K, V, TS, PW, TW, THR, DPOS, DTS, stride_kt, stride_kh, stride_vt, stride_vh, DQ, DV,
     alpha, max_seq_len, num_buckets, ctx, kid,
     HAS_CTX: tl.constexpr, HAS_POS: tl.constexpr, HAS_TS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
-    ACC: tl.constexpr, PRECISION: tl.constexpr,
+    ACC: tl.constexpr, PRECISION: tl.constexpr, BWD: tl.constexpr,
 ):
+    """The key tile ``[n0, n0 + BLOCK_N)`` (keys ``< bound``) seen by the query tile ``q``.
+    Forward: ``acc += silu(s) / N * valid @ v`` (output rows).  Backward (``BWD``):
+    ``acc += alpha * dS @ k`` (dq rows) with ``dS = dO v^T * silu'(s) / N * valid``, and ``dS`` is
+    scattered into the bias tables' gradient slot ``slot``."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     col_ok = offs_n < bound
     k = _load_rows(K + h * stride_kh, start, offs_n, col_ok, stride_kt, tl.arange(0, BLOCK_DQ), DQ, 0.0)
@@ -155,56 +170,79 @@ def _fwd_block(
     tk = tq
     if HAS_TS:
         tk = tl.load(TS + start + offs_n, mask=col_ok, other=0)
-    s, valid, _p, _b = _scores(q, k, offs_m, offs_n, row_ok, col_ok, tq, tk, PW, TW, THR,
-                               alpha, max_seq_len, num_buckets, ctx, kid,
-                               HAS_CTX, HAS_POS, HAS_TS, ACC, PRECISION)
-    p = tl.where(valid, s * _sigmoid(s) * inv_norm, 0.0)
-    acc += tl.dot(p.to(v.dtype), v, out_dtype=ACC, input_precision=PRECISION)
+    s, valid, pidx, bkt = _scores(q, k, offs_m, offs_n, row_ok, col_ok, tq, tk, PW, TW, THR,
+                                  alpha, max_seq_len, num_buckets, ctx, kid,
+                                  HAS_CTX, HAS_POS, HAS_TS, ACC, PRECISION)
+    sig = _sigmoid(s)
+    if BWD:
+        dp = tl.dot(do, tl.trans(v), out_dtype=ACC, input_precision=PRECISION)
+        ds = tl.where(valid, dp * sig * (1.0 + s * (1.0 - sig)) * inv_norm, 0.0)
+        acc += tl.dot(ds.to(k.dtype), k, out_dtype=ACC, input_precision=PRECISION) * alpha
+        if HAS_POS:
+            tl.atomic_add(DPOS + slot * (2 * max_seq_len - 1) + pidx, ds, mask=valid, sem="relaxed")
+        if HAS_TS:
+            tl.atomic_add(DTS + slot * (num_buckets + 1) + bkt, ds, mask=valid, sem="relaxed")
+    else:
+        p = tl.where(valid, s * sig * inv_norm, 0.0)
+        acc += tl.dot(p.to(v.dtype), v, out_dtype=ACC, input_precision=PRECISION)
     return acc
 
 
 @triton.jit
-def _fwd_kernel(
-    Q, K, V, OFF, NT, PW, TW, THR, TS, OUT,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    H, DQ, DV, alpha_hi, alpha_lo, max_seq_len, ctx, num_buckets,
+def _q_tile_kernel(
+    Q, K, V, DO, OFF, NT, PW, TW, THR, TS, OUT, DPOS, DTS,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+    stride_ot, stride_oh,
+    H, DQ, DV, alpha_hi, alpha_lo, max_seq_len, ctx, num_buckets, n_slots,
     NORM_BY_LEN: tl.constexpr, HAS_NT: tl.constexpr, HAS_CTX: tl.constexpr,
     HAS_POS: tl.constexpr, HAS_TS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
-    ACC: tl.constexpr, PRECISION: tl.constexpr,
+    ACC: tl.constexpr, PRECISION: tl.constexpr, BWD: tl.constexpr,
 ):
+    """The forward (``OUT`` = output rows) and, with ``BWD``, the dq backward (``OUT`` = dq rows,
+    table gradients into the ``DPOS`` / ``DTS`` slots; ``DO`` = grad of the output): one program per
+    (sequence, head, query tile), looping over the key tiles that tile can see (:func:`_key_ranges`).
+    The forward passes ``Q`` for ``DO`` and ``OUT`` for the slots (never read)."""
     bh = tl.program_id(0)
     b = bh // H
     h = bh % H
     # last query tiles first: they loop over the most key tiles (shorter tail at the end)
-    m0 = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
+    tile = tl.num_programs(1) - 1 - tl.program_id(1)
+    m0 = tile * BLOCK_M
+    slot = (tile * tl.num_programs(0) + bh) % n_slots
     start, n, hist, kid = _seq_info(OFF, NT, b, ctx, HAS_NT)
     if m0 < n:
-        alpha = (n * 0).to(ACC) + alpha_hi + alpha_lo
-        inv_norm = 1.0 / (n * 0 + max_seq_len).to(ACC)
-        if NORM_BY_LEN:
-            inv_norm = 1.0 / n.to(ACC)
+        alpha, inv_norm = _scales(n, alpha_hi, alpha_lo, max_seq_len, NORM_BY_LEN, ACC)
         offs_m = m0 + tl.arange(0, BLOCK_M)
         row_ok = offs_m < n
         q = _load_rows(Q + h * stride_qh, start, offs_m, row_ok, stride_qt, tl.arange(0, BLOCK_DQ), DQ, 0.0)
         tq = offs_m.to(tl.int64) * 0
         if HAS_TS:
             tq = tl.load(TS + start + tl.minimum(offs_m + 1, n - 1), mask=row_ok, other=0)
-        acc = tl.full([BLOCK_M, BLOCK_DV], 0.0, ACC)
+        if BWD:
+            do = _load_rows(DO + h * stride_doh, start, offs_m, row_ok, stride_dot, tl.arange(0, BLOCK_DV), DV, 0.0)
+            offs_o = tl.arange(0, BLOCK_DQ)
+            d_out = DQ
+            acc = tl.full([BLOCK_M, BLOCK_DQ], 0.0, ACC)
+        else:
+            do = q  # unused
+            offs_o = tl.arange(0, BLOCK_DV)
+            d_out = DV
+            acc = tl.full([BLOCK_M, BLOCK_DV], 0.0, ACC)
         hi1, lo2, m1 = _key_ranges(m0, n, hist, ctx, BLOCK_M, HAS_CTX)
+        # history keys [0, hi1), then the target keys [lo2, m1) (only their diagonal is valid)
         for n0 in range(0, hi1, BLOCK_N):
-            acc = _fwd_block(acc, q, tq, offs_m, row_ok, n0, hi1, start, h, n, inv_norm,
-                             K, V, TS, PW, TW, THR, stride_kt, stride_kh, stride_vt, stride_vh,
-                             DQ, DV, alpha, max_seq_len, num_buckets, ctx, kid,
-                             HAS_CTX, HAS_POS, HAS_TS, BLOCK_N, BLOCK_DQ, BLOCK_DV, ACC, PRECISION)
+            acc = _q_block(acc, q, do, tq, offs_m, row_ok, n0, hi1, start, h, inv_norm, slot,
+                           K, V, TS, PW, TW, THR, DPOS, DTS, stride_kt, stride_kh, stride_vt, stride_vh,
+                           DQ, DV, alpha, max_seq_len, num_buckets, ctx, kid,
+                           HAS_CTX, HAS_POS, HAS_TS, BLOCK_N, BLOCK_DQ, BLOCK_DV, ACC, PRECISION, BWD)
         for n0 in range(lo2, m1, BLOCK_N):
-            acc = _fwd_block(acc, q, tq, offs_m, row_ok, n0, m1, start, h, n, inv_norm,
-                             K, V, TS, PW, TW, THR, stride_kt, stride_kh, stride_vt, stride_vh,
-                             DQ, DV, alpha, max_seq_len, num_buckets, ctx, kid,
-                             HAS_CTX, HAS_POS, HAS_TS, BLOCK_N, BLOCK_DQ, BLOCK_DV, ACC, PRECISION)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        optrs = OUT + h * stride_oh + (start + offs_m)[:, None] * stride_ot + offs_dv[None, :]
-        tl.store(optrs, acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
+            acc = _q_block(acc, q, do, tq, offs_m, row_ok, n0, m1, start, h, inv_norm, slot,
+                           K, V, TS, PW, TW, THR, DPOS, DTS, stride_kt, stride_kh, stride_vt, stride_vh,
+                           DQ, DV, alpha, max_seq_len, num_buckets, ctx, kid,
+                           HAS_CTX, HAS_POS, HAS_TS, BLOCK_N, BLOCK_DQ, BLOCK_DV, ACC, PRECISION, BWD)
+        optrs = OUT + h * stride_oh + (start + offs_m)[:, None] * stride_ot + offs_o[None, :]
+        tl.store(optrs, acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & (offs_o[None, :] < d_out))
 
 
 # --------------------------------------------------------------------------- backward: dk, dv
@@ -255,10 +293,7 @@ def _bwd_dkdv_kernel(
     n0 = tl.program_id(1) * BLOCK_N
     start, n, hist, kid = _seq_info(OFF, NT, b, ctx, HAS_NT)
     if n0 < n:
-        alpha = (n * 0).to(ACC) + alpha_hi + alpha_lo
-        inv_norm = 1.0 / (n * 0 + max_seq_len).to(ACC)
-        if NORM_BY_LEN:
-            inv_norm = 1.0 / n.to(ACC)
+        alpha, inv_norm = _scales(n, alpha_hi, alpha_lo, max_seq_len, NORM_BY_LEN, ACC)
         offs_n = n0 + tl.arange(0, BLOCK_N)
         col_ok = offs_n < n
         offs_dq = tl.arange(0, BLOCK_DQ)
@@ -292,86 +327,6 @@ def _bwd_dkdv_kernel(
         tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=col_ok[:, None] & (offs_dq[None, :] < DQ))
         dv_ptrs = DVAL + h * stride_dvh + (start + offs_n)[:, None] * stride_dvt + offs_dv[None, :]
         tl.store(dv_ptrs, dv.to(DVAL.dtype.element_ty), mask=col_ok[:, None] & (offs_dv[None, :] < DV))
-
-
-# --------------------------------------------------------------------------- backward: dq, tables
-
-
-@triton.jit
-def _dq_block(
-    dq, q, do, tq, offs_m, row_ok, n0, bound, start, h, inv_norm, slot,
-    K, V, TS, PW, TW, THR, DPOS, DTS, stride_kt, stride_kh, stride_vt, stride_vh, DQ, DV,
-    alpha, max_seq_len, num_buckets, ctx, kid,
-    HAS_CTX: tl.constexpr, HAS_POS: tl.constexpr, HAS_TS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
-    ACC: tl.constexpr, PRECISION: tl.constexpr,
-):
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    col_ok = offs_n < bound
-    k = _load_rows(K + h * stride_kh, start, offs_n, col_ok, stride_kt, tl.arange(0, BLOCK_DQ), DQ, 0.0)
-    v = _load_rows(V + h * stride_vh, start, offs_n, col_ok, stride_vt, tl.arange(0, BLOCK_DV), DV, 0.0)
-    tk = tq
-    if HAS_TS:
-        tk = tl.load(TS + start + offs_n, mask=col_ok, other=0)
-    s, valid, pidx, bkt = _scores(q, k, offs_m, offs_n, row_ok, col_ok, tq, tk, PW, TW, THR,
-                                  alpha, max_seq_len, num_buckets, ctx, kid,
-                                  HAS_CTX, HAS_POS, HAS_TS, ACC, PRECISION)
-    sig = _sigmoid(s)
-    dp = tl.dot(do, tl.trans(v), out_dtype=ACC, input_precision=PRECISION)
-    ds = tl.where(valid, dp * sig * (1.0 + s * (1.0 - sig)) * inv_norm, 0.0)
-    dq += tl.dot(ds.to(k.dtype), k, out_dtype=ACC, input_precision=PRECISION) * alpha
-    if HAS_POS:
-        tl.atomic_add(DPOS + slot * (2 * max_seq_len - 1) + pidx, ds, mask=valid, sem="relaxed")
-    if HAS_TS:
-        tl.atomic_add(DTS + slot * (num_buckets + 1) + bkt, ds, mask=valid, sem="relaxed")
-    return dq
-
-
-@triton.jit
-def _bwd_dq_kernel(
-    Q, K, V, DO, OFF, NT, PW, TW, THR, TS, DQP, DPOS, DTS,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-    stride_dqt, stride_dqh,
-    H, DQ, DV, alpha_hi, alpha_lo, max_seq_len, ctx, num_buckets, n_slots,
-    NORM_BY_LEN: tl.constexpr, HAS_NT: tl.constexpr, HAS_CTX: tl.constexpr,
-    HAS_POS: tl.constexpr, HAS_TS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQ: tl.constexpr, BLOCK_DV: tl.constexpr,
-    ACC: tl.constexpr, PRECISION: tl.constexpr,
-):
-    bh = tl.program_id(0)
-    b = bh // H
-    h = bh % H
-    tile = tl.num_programs(1) - 1 - tl.program_id(1)  # heaviest query tiles first
-    m0 = tile * BLOCK_M
-    slot = (tile * tl.num_programs(0) + bh) % n_slots
-    start, n, hist, kid = _seq_info(OFF, NT, b, ctx, HAS_NT)
-    if m0 < n:
-        alpha = (n * 0).to(ACC) + alpha_hi + alpha_lo
-        inv_norm = 1.0 / (n * 0 + max_seq_len).to(ACC)
-        if NORM_BY_LEN:
-            inv_norm = 1.0 / n.to(ACC)
-        offs_m = m0 + tl.arange(0, BLOCK_M)
-        row_ok = offs_m < n
-        offs_dq = tl.arange(0, BLOCK_DQ)
-        q = _load_rows(Q + h * stride_qh, start, offs_m, row_ok, stride_qt, offs_dq, DQ, 0.0)
-        do = _load_rows(DO + h * stride_doh, start, offs_m, row_ok, stride_dot, tl.arange(0, BLOCK_DV), DV, 0.0)
-        tq = offs_m.to(tl.int64) * 0
-        if HAS_TS:
-            tq = tl.load(TS + start + tl.minimum(offs_m + 1, n - 1), mask=row_ok, other=0)
-        dq = tl.full([BLOCK_M, BLOCK_DQ], 0.0, ACC)
-        hi1, lo2, m1 = _key_ranges(m0, n, hist, ctx, BLOCK_M, HAS_CTX)
-        for n0 in range(0, hi1, BLOCK_N):
-            dq = _dq_block(dq, q, do, tq, offs_m, row_ok, n0, hi1, start, h, inv_norm, slot,
-                           K, V, TS, PW, TW, THR, DPOS, DTS, stride_kt, stride_kh, stride_vt, stride_vh,
-                           DQ, DV, alpha, max_seq_len, num_buckets, ctx, kid,
-                           HAS_CTX, HAS_POS, HAS_TS, BLOCK_N, BLOCK_DQ, BLOCK_DV, ACC, PRECISION)
-        for n0 in range(lo2, m1, BLOCK_N):
-            dq = _dq_block(dq, q, do, tq, offs_m, row_ok, n0, m1, start, h, inv_norm, slot,
-                           K, V, TS, PW, TW, THR, DPOS, DTS, stride_kt, stride_kh, stride_vt, stride_vh,
-                           DQ, DV, alpha, max_seq_len, num_buckets, ctx, kid,
-                           HAS_CTX, HAS_POS, HAS_TS, BLOCK_N, BLOCK_DQ, BLOCK_DV, ACC, PRECISION)
-        ptrs = DQP + h * stride_dqh + (start + offs_m)[:, None] * stride_dqt + offs_dq[None, :]
-        tl.store(ptrs, dq.to(DQP.dtype.element_ty), mask=row_ok[:, None] & (offs_dq[None, :] < DQ))
 
 
 # --------------------------------------------------------------------------- host side
@@ -479,12 +434,12 @@ def hstu_mha_fwd(
     meta = _meta(q, v, block_m, block_n)
     nt, pw, tw, thr, ts, nb = _common(q, offsets, num_targets, pos_w, ts_w, timestamps)
     grid = (B * H, triton.cdiv(int(max_seq_len), meta["BLOCK_M"]))
-    _fwd_kernel[grid](
-        q, k, v, offsets, nt, pw, tw, thr, ts, out,
+    _q_tile_kernel[grid](
+        q, k, v, q, offsets, nt, pw, tw, thr, ts, out, out, out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1),
-        H, dqk, dv, *_split(alpha), int(max_seq_len), int(contextual_seq_len), nb,
-        **_flags(num_targets, contextual_seq_len, pos_w, ts_w, norm_by_seq_len), **meta,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        H, dqk, dv, *_split(alpha), int(max_seq_len), int(contextual_seq_len), nb, 1,
+        **_flags(num_targets, contextual_seq_len, pos_w, ts_w, norm_by_seq_len), **meta, BWD=False,
     )
     return out
 
@@ -534,9 +489,9 @@ def hstu_mha_bwd(
         dk.stride(0), dk.stride(1), dval.stride(0), dval.stride(1), *scalars, **flags, **meta,
     )
     grid_q = (B * H, triton.cdiv(int(max_seq_len), meta["BLOCK_M"]))
-    _bwd_dq_kernel[grid_q](
+    _q_tile_kernel[grid_q](
         q, k, v, do, offsets, nt, pw, tw, thr, ts, dq,
         dpos_slots if dpos_slots is not None else dq, dts_slots if dts_slots is not None else dq,
-        *strides, dq.stride(0), dq.stride(1), *scalars, _BIAS_SLOTS, **flags, **meta,
+        *strides, dq.stride(0), dq.stride(1), *scalars, _BIAS_SLOTS, **flags, **meta, BWD=True,
     )
     return (dq, dk, dval) + tables()
