@@ -16,6 +16,7 @@
 #include <cstring>
 #include <vector>
 
+#include "direct.h"
 #include "parallel.h"
 #include "torchrec_ascend.h"
 
@@ -746,6 +747,25 @@ void bind_sparse(pybind11::module& m) {
   m.def("permute_pooled_embs", &permute_pooled_embs);
   m.def("bounds_check_indices", &bounds_check_indices);
   m.def("block_bucketize_sparse_features", &block_bucketize_sparse_features);
+
+  // direct dispatcher kernels (direct.h): the registry installs them for these ops
+  auto& t = direct::table();
+  t.push_back(direct::entry<&asynchronous_complete_cumsum_rows>("asynchronous_complete_cumsum"));
+  t.push_back(direct::entry<&asynchronous_exclusive_cumsum>("asynchronous_exclusive_cumsum"));
+  t.push_back(direct::entry<&asynchronous_inclusive_cumsum>("asynchronous_inclusive_cumsum"));
+  t.push_back(direct::entry<&permute_2D_sparse_data>("permute_2D_sparse_data"));
+  t.push_back(direct::entry<&permute_1D_sparse_data>("permute_1D_sparse_data"));
+  t.push_back(direct::entry<&invert_permute>("invert_permute"));
+  t.push_back(direct::entry<&expand_into_jagged_permute>("expand_into_jagged_permute"));
+  t.push_back(direct::entry<&offsets_range>("offsets_range"));
+  t.push_back(direct::entry<&segment_sum_csr>("segment_sum_csr"));
+  t.push_back(direct::entry<&keyed_jagged_index_select_dim1>("keyed_jagged_index_select_dim1"));
+  t.push_back(direct::entry<&permute_pooled_embs, 0>("permute_pooled_embs"));
+  t.push_back(direct::entry<&permute_pooled_embs, 1>("permute_pooled_embs_auto_grad"));
+  t.push_back(direct::entry<&permute_pooled_embs, 2>("permute_pooled_embs_auto_grad_split"));
+  t.push_back(direct::entry<&bounds_check_indices>("bounds_check_indices"));
+  t.push_back(direct::entry<&block_bucketize_sparse_features>("block_bucketize_sparse_features"));
+  direct::bind(m);
 }
 
 }  // namespace torchrec_ascend

@@ -238,3 +238,179 @@ def test_missing_extension_falls_back_to_reference(monkeypatch):
     with ops.use_backend("cpu_kernel"):
         out = ops.jagged_to_padded_dense(v, off, 3)
     torch.testing.assert_close(out, torch.ops.fbgemm.jagged_to_padded_dense(v, [off], [3]))
+
+
+# --------------------------------------------------------------------------- direct kernels
+
+
+def _direct_ops():
+    return sorted(registry._DIRECT)
+
+
+@pytest.fixture
+def run_spy(monkeypatch):
+    """Every call that goes through the registry's Python kernels (registry.run)."""
+    calls = []
+    real = registry.run
+
+    def spy(name, device, *args):
+        calls.append((name, device))
+        return real(name, device, *args)
+
+    monkeypatch.setattr(registry, "run", spy)
+    monkeypatch.delenv(registry.ENV_BACKEND, raising=False)
+    return calls
+
+
+def _kjt_select_args():
+    lengths = torch.tensor([2, 0, 1, 3], dtype=torch.int64)
+    offsets = torch.tensor([0, 2, 2, 3, 6], dtype=torch.int64)
+    values = torch.arange(6, dtype=torch.float32)
+    return values, lengths, offsets, torch.tensor([1]), 2
+
+
+def test_direct_kernels_are_the_dispatchers_cpu_kernels():
+    from torchrec_ascend.ops import cpu
+
+    if not cpu.available():
+        pytest.skip("C++ extension not built")
+    names = _direct_ops()
+    # every training-path sparse op with a csrc kernel is served directly
+    for op in ("asynchronous_complete_cumsum", "permute_2D_sparse_data", "permute_1D_sparse_data",
+               "block_bucketize_sparse_features", "invert_permute", "expand_into_jagged_permute",
+               "segment_sum_csr", "offsets_range", "bounds_check_indices"):
+        assert op in names, op
+    for op in names:
+        # the CPU kernel was registered from C++ (csrc/direct.h), not from Python
+        table = torch._C._dispatch_dump(f"torchrec_ascend::{op}")
+        cpu_line = next(line for line in table.splitlines() if line.startswith("CPU:"))
+        assert "direct.h" in cpu_line, cpu_line
+        # and it runs the csrc function exactly when the registry's choice is cpu_kernel
+        assert registry.routes_direct(op) == (registry.choose(op, "cpu")[0] == "cpu_kernel"), op
+    with ops.use_backend("cpu_kernel", device="cpu"):
+        assert all(registry.routes_direct(op) for op in names)
+        why = dict(registry.available_backends(names[0], "cpu"))["cpu_kernel"]
+        assert "direct dispatcher kernel" in why
+
+
+def test_direct_kernel_runs_without_python_by_default(run_spy):
+    # fbgemm-gpu-cpu has no CPU kernel for keyed_jagged_index_select_dim1: csrc is the default
+    op = "keyed_jagged_index_select_dim1"
+    if op not in registry._DIRECT or registry.choose(op, "cpu")[0] != "cpu_kernel":
+        pytest.skip("no direct default for this op here")
+    values, lengths, offsets, sel, b = _kjt_select_args()
+    out = torch.ops.torchrec_ascend.keyed_jagged_index_select_dim1(values, lengths, offsets, sel, b)
+    assert run_spy == [], "the Python kernel ran"
+    with ops.use_backend("reference", ops=[op]):
+        ref = torch.ops.torchrec_ascend.keyed_jagged_index_select_dim1(values, lengths, offsets,
+                                                                       sel, b)
+    assert run_spy == [(op, "cpu")]
+    for a, r in zip(out, ref):
+        torch.testing.assert_close(a, r, rtol=0, atol=0)
+    # a gradient to record takes the Python autograd formula; none to record stays in C++
+    v = values.clone().requires_grad_()
+    got = torch.ops.torchrec_ascend.keyed_jagged_index_select_dim1(v, lengths, offsets, sel, b)
+    assert got[0].grad_fn is not None
+    got[0].sum().backward()
+    torch.testing.assert_close(v.grad, torch.tensor([0., 0., 0., 1., 1., 1.]))
+    with torch.no_grad():
+        got = torch.ops.torchrec_ascend.keyed_jagged_index_select_dim1(v, lengths, offsets, sel, b)
+    assert got[0].grad_fn is None
+    assert run_spy == [(op, "cpu")], "the csrc kernel did not serve the gradient-less calls"
+
+
+def test_forcing_reference_reaches_the_direct_ops(run_spy, monkeypatch):
+    """use_backend and $TORCHREC_ASCEND_BACKEND still pick the backend of a direct op, and
+    leaving use_backend gives the csrc kernel back."""
+    op = "asynchronous_complete_cumsum"
+    if op not in registry._DIRECT:
+        pytest.skip("C++ extension not built")
+    s = registry.spec(op)
+    ref_calls = []
+    real_ref = s.reference
+
+    def spy(*args):
+        ref_calls.append(args)
+        return real_ref(*args)
+
+    monkeypatch.setattr(s, "reference", spy)
+    x = torch.tensor([3, 0, 2], dtype=torch.int64)
+    want = torch.tensor([0, 3, 3, 5])
+    call = torch.ops.torchrec_ascend.asynchronous_complete_cumsum
+    with ops.use_backend("cpu_kernel", ops=[op]):
+        assert registry.routes_direct(op)
+        torch.testing.assert_close(call(x), want)
+        assert not ref_calls and not run_spy
+        with ops.use_backend("reference", ops=[op]):
+            assert not registry.routes_direct(op)
+            assert registry.choose(op, "cpu")[0] == "reference"
+            torch.testing.assert_close(call(x), want)
+            assert len(ref_calls) == 1 and run_spy == [(op, "cpu")]
+        assert registry.routes_direct(op), "leaving use_backend did not restore the csrc kernel"
+        torch.testing.assert_close(call(x), want)
+        assert len(ref_calls) == 1 and len(run_spy) == 1
+        # use_backend outranks the environment variable; a set variable takes the Python path,
+        # which still runs the csrc kernel here
+        monkeypatch.setenv(registry.ENV_BACKEND, "reference")
+        assert registry.choose(op, "cpu")[0] == "cpu_kernel" and not registry.routes_direct(op)
+        torch.testing.assert_close(call(x), want)
+        assert len(ref_calls) == 1 and len(run_spy) == 2
+        monkeypatch.delenv(registry.ENV_BACKEND)
+        assert registry.routes_direct(op)
+
+
+def test_environment_variable_reaches_direct_ops_at_call_time(run_spy, monkeypatch):
+    op = "keyed_jagged_index_select_dim1"
+    if op not in registry._DIRECT or registry.choose(op, "cpu")[0] != "cpu_kernel":
+        pytest.skip("no direct default for this op here")
+    s = registry.spec(op)
+    ref_calls = []
+    real_ref = s.reference
+
+    def spy(*args):
+        ref_calls.append(args)
+        return real_ref(*args)
+
+    monkeypatch.setattr(s, "reference", spy)
+    args = _kjt_select_args()
+    call = torch.ops.torchrec_ascend.keyed_jagged_index_select_dim1
+    want = call(*args)
+    assert not run_spy and not ref_calls
+    monkeypatch.setenv(registry.ENV_BACKEND, "reference")  # after import: read at call time
+    assert registry.choose(op, "cpu")[0] == "reference" and not registry.routes_direct(op)
+    for a, b in zip(call(*args), want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert len(ref_calls) == 1 and run_spy == [(op, "cpu")]
+    monkeypatch.setenv(registry.ENV_BACKEND, f"{op}=cpu_kernel")
+    call(*args)  # through Python, on the csrc kernel
+    assert len(ref_calls) == 1 and len(run_spy) == 2
+    monkeypatch.delenv(registry.ENV_BACKEND)
+    assert registry.routes_direct(op)
+    call(*args)
+    assert len(ref_calls) == 1 and len(run_spy) == 2
+
+
+def test_direct_kernel_errors_and_replace_fbgemm(run_spy):
+    op = "invert_permute"
+    if op not in registry._DIRECT:
+        pytest.skip("C++ extension not built")
+    with ops.use_backend("cpu_kernel", ops=[op], replace_fbgemm=True):
+        with pytest.raises(ValueError, match="permute"):
+            torch.ops.torchrec_ascend.invert_permute(torch.tensor([0, 5]))
+        assert not run_spy
+        # torch.ops.fbgemm.<op> goes through the registry's Python kernel (which logs the call)
+        got = torch.ops.fbgemm.invert_permute(torch.tensor([2, 0, 1]))
+        assert run_spy == [(op, "cpu")]
+    torch.testing.assert_close(got, torch.tensor([1, 2, 0]))
+
+
+def test_choose_cache_follows_forcing_and_environment(monkeypatch):
+    name = "jagged_to_padded_dense_forward"
+    monkeypatch.delenv(registry.ENV_BACKEND, raising=False)
+    first = registry.choose(name, "cpu")
+    assert registry.choose(name, "cpu") is first  # cached
+    with ops.use_backend("reference", ops=[name]):
+        assert registry.choose(name, "cpu")[0] == "reference"
+    assert registry.choose(name, "cpu") == first
+    monkeypatch.setenv(registry.ENV_BACKEND, f"{name}=reference")
+    assert registry.choose(name, "cpu")[0] == "reference"

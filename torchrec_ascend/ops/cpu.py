@@ -12,7 +12,7 @@ import warnings
 from types import ModuleType
 from typing import Callable, Optional
 
-__all__ = ["extension", "available", "kernel"]
+__all__ = ["extension", "available", "kernel", "direct_ops"]
 
 _EXT: Optional[ModuleType] = None
 _TRIED = False
@@ -47,3 +47,10 @@ def kernel(name: str) -> Optional[Callable]:
     """The extension's function ``name``, or ``None`` if the extension or function is missing."""
     ext = extension()
     return getattr(ext, name, None) if ext is not None else None
+
+
+def direct_ops() -> frozenset:
+    """Ops whose csrc kernel can be registered with the dispatcher directly (csrc/direct.h)."""
+    ext = extension()
+    fn = getattr(ext, "_direct_ops", None) if ext is not None else None
+    return frozenset(fn()) if fn is not None else frozenset()

@@ -18,6 +18,15 @@ Forcing: ``TORCHREC_ASCEND_BACKEND=<backend>`` (all ops) or ``<op>=<backend>,...
 environment, or the :func:`use_backend` context manager.  ``use_backend(..., replace_fbgemm=True)``
 also puts the chosen implementation in place of fbgemm's own CPU kernels, so TorchRec's code
 (which calls ``torch.ops.fbgemm.*`` directly) runs on our kernels.
+
+Direct kernels: where the compiled extension has one for an op (``csrc/direct.h``), the CPU
+kernel of ``torchrec_ascend::<op>`` is the csrc function itself, registered with the dispatcher,
+and for ops with a gradient an AutogradCPU kernel in C++ skips the Python autograd layer when no
+gradient is recorded.  The registry still decides: after every change of the forcing state it
+tells each such op whether its CPU choice is ``cpu_kernel`` (then the csrc function runs, one
+dispatcher hop) or not (then the C++ kernel calls the Python kernel, which runs :func:`choose`'s
+backend).  A set ``$TORCHREC_ASCEND_BACKEND`` always takes the Python path (it is read at call
+time), so :func:`choose` / :func:`describe` stay the truth.
 """
 
 from __future__ import annotations
@@ -109,6 +118,11 @@ class _Force:
 
 _FORCE_STACK: List[_Force] = []
 _REPLACED_CPU: set = set()  # fbgemm ops whose CPU kernel we currently replace
+# ops whose CPU kernel is the csrc direct kernel: op -> the extension module that routes it
+_DIRECT: Dict[str, object] = {}
+_FORCE_GEN = 0  # bumped on every change of the forcing state (use_backend enter / exit)
+_CHOICES: Dict[tuple, Tuple[str, str]] = {}  # choose() cache, keyed by everything it reads
+_SYNCED_EXT: tuple = ()  # state of the extension loader at the last _sync_direct()
 
 
 # --------------------------------------------------------------------------- environment
@@ -198,13 +212,14 @@ def available_backends(name: str, device: str) -> List[Tuple[str, str]]:
         why = "triton kernel" + (" (TRITON_INTERPRET=1)" if device == "cpu" else "")
         out.append(("triton", why))
     if device == "cpu" and s.cpu_kernel is not None and _cpu_kernel(s) is not None:
-        out.append(("cpu_kernel", f"csrc kernel _C.{s.cpu_kernel}"))
+        direct = " (direct dispatcher kernel)" if name in _DIRECT else ""
+        out.append(("cpu_kernel", f"csrc kernel _C.{s.cpu_kernel}{direct}"))
     out.append(("reference", "torch-composite reference"))
     return out
 
 
-def _env_force(name: str) -> Optional[str]:
-    raw = os.environ.get(ENV_BACKEND, "").strip()
+def _env_force(name: str, raw: str) -> Optional[str]:
+    raw = raw.strip()
     if not raw:
         return None
     if "=" not in raw:
@@ -218,6 +233,26 @@ def _env_force(name: str) -> Optional[str]:
 
 def choose(name: str, device: str) -> Tuple[str, str]:
     """(backend, why) for ``name`` on ``device`` under the current forcing."""
+    from . import cpu
+
+    s = spec(name)
+    env = os.environ.get(ENV_BACKEND, "")
+    ext_state = (cpu._TRIED, id(cpu._EXT))
+    if ext_state != _SYNCED_EXT:  # the extension was loaded (or swapped, in tests) since
+        _sync_direct()
+    key = (name, device, env, os.environ.get("TRITON_INTERPRET", ""), _FORCE_GEN,
+           ext_state, s.triton is None, s.cpu_kernel)
+    hit = _CHOICES.get(key)
+    if hit is None:
+        hit = _choose(name, device, env)
+        if len(_CHOICES) > 4096:
+            _CHOICES.clear()
+        _CHOICES[key] = hit
+    return hit
+
+
+def _choose(name: str, device: str, env: str) -> Tuple[str, str]:
+    """:func:`choose` without the cache, with ``env`` as the value of $TORCHREC_ASCEND_BACKEND."""
     avail = available_backends(name, device)
     names = [b for b, _ in avail]
     forced: Optional[str] = None
@@ -228,9 +263,9 @@ def choose(name: str, device: str) -> Tuple[str, str]:
             strict = f.ops is not None
             break
     else:
-        forced = _env_force(name)
+        forced = _env_force(name, env)
         origin = f"${ENV_BACKEND}"
-        strict = forced is not None and "=" in os.environ.get(ENV_BACKEND, "")
+        strict = forced is not None and "=" in env
     if forced is not None:
         if forced not in BACKENDS:
             raise ValueError(f"{origin}: backend {forced!r} is not one of {', '.join(BACKENDS)}")
@@ -284,6 +319,31 @@ def _unalias(out, args: tuple):
     return fix(out)
 
 
+def _sync_direct(names: Optional[Sequence[str]] = None) -> None:
+    """Tell each direct kernel whether its op's CPU choice (forcing by use_backend, without the
+    environment variable, which the kernel checks itself at call time) is the csrc kernel."""
+    from . import cpu
+
+    global _SYNCED_EXT
+    _SYNCED_EXT = (cpu._TRIED, id(cpu._EXT))
+    for name in (list(_DIRECT) if names is None else names):
+        try:
+            python = _choose(name, "cpu", "")[0] != "cpu_kernel"
+        except (ValueError, RuntimeError):  # the Python path raises the same error at call time
+            python = True
+        _DIRECT[name]._direct_set_python(name, python)
+
+
+def routes_direct(name: str) -> bool:
+    """Whether a CPU call of ``torchrec_ascend::<name>`` now runs the csrc kernel straight from
+    the dispatcher (no Python on the way)."""
+    ext = _DIRECT.get(name)
+    if ext is None:
+        return False
+    choose(name, "cpu")  # resyncs if the extension state changed
+    return not ext._direct_routes_python(name)
+
+
 # --------------------------------------------------------------------------- forcing
 
 
@@ -318,9 +378,11 @@ def use_backend(
         raise ValueError("replace_fbgemm=True needs a backend other than 'fbgemm'")
     force = _Force(backend, frozenset(ops) if ops is not None else None,
                    frozenset([device]) if device is not None else None)
+    global _FORCE_GEN
     lib = None
     with _LOCK:
         _FORCE_STACK.append(force)
+        _FORCE_GEN += 1
         replaced: List[str] = []
         if replace_fbgemm and (device in (None, "cpu")):
             targets = ops if ops is not None else list(_SPECS)
@@ -333,6 +395,7 @@ def use_backend(
                         lib.impl(op, _device_kernel(op, "cpu"), "CPU")
                         _REPLACED_CPU.add(op)
                         replaced.append(op)
+        _sync_direct()
     try:
         yield
     finally:
@@ -342,6 +405,8 @@ def use_backend(
             for op in replaced:
                 _REPLACED_CPU.discard(op)
             _FORCE_STACK.remove(force)
+            _FORCE_GEN += 1
+            _sync_direct()
 
 
 # --------------------------------------------------------------------------- registration
@@ -399,6 +464,72 @@ def _fit_backward(backward: Callable) -> Callable:
     return fitted
 
 
+def _autograd_kernel(s: OpSpec, qualname: str) -> Optional[Callable]:
+    """The keyset-taking autograd kernel ``torch.library.register_autograd`` would register for
+    ``s`` (built here so that the C++ AutogradCPU kernel can call the same one), or None where
+    this torch lacks the builder (then register_autograd is used and CPU keeps it too)."""
+    try:
+        from torch._library import autograd as _ta
+        from torch._library import utils as _tu
+
+        op = _tu.lookup_op(qualname)
+        return _ta.make_autograd_impl(op, _ta.Info(_fit_backward(s.backward), s.setup_context))
+    except (ImportError, AttributeError, TypeError):
+        return None
+
+
+def _first_tensor(args: tuple) -> torch.Tensor:
+    for a in args:
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(t, torch.Tensor):
+                return t
+    raise RuntimeError("no tensor argument")
+
+
+def _grad_entry(autograd_kernel: Callable) -> Callable:
+    """``autograd_kernel`` as a plain function of the op's arguments (the C++ AutogradCPU kernel
+    calls it when a gradient has to be recorded)."""
+
+    # what the dispatcher hands a keyset-taking kernel: the keys of the arguments plus the
+    # thread's included keys, minus the keys this op falls through (redispatching to one of
+    # those is an error)
+    fallthrough = torch._C.DispatchKeySet(torch._C.DispatchKey.ADInplaceOrView)
+    for k in ("BackendSelect", "Conjugate", "Negative", "ZeroTensor"):
+        fallthrough = fallthrough | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, k))
+
+    def grad_entry(*args):
+        keys = torch._C._dispatch_keys(_first_tensor(args)) | \
+            torch._C._dispatch_tls_local_include_set()
+        return autograd_kernel(keys - fallthrough, *args)
+
+    return grad_entry
+
+
+def _install_direct(s: OpSpec, autograd_kernel: Optional[Callable]) -> bool:
+    """Register the csrc direct kernel as ``torchrec_ascend::<op>``'s CPU kernel (False where
+    the extension has none for the op; then the Python CPU kernel serves it)."""
+    from . import cpu
+
+    if s.cpu_kernel is None or s.name not in cpu.direct_ops():
+        return False
+    ext = cpu.extension()
+    grad = None
+    if s.backward is not None:
+        if autograd_kernel is None:
+            return False
+        grad = _grad_entry(autograd_kernel)
+    try:
+        ext._direct_install(s.name, _device_kernel(s.name, "cpu"), grad)  # type: ignore[union-attr]
+    except Exception as exc:  # a schema the C++ signature does not match: keep the Python path
+        warnings.warn(f"torchrec_ascend: direct CPU kernel of {s.name} not installed "
+                      f"({type(exc).__name__}: {exc}); using the Python CPU kernel",
+                      RuntimeWarning, stacklevel=3)
+        return False
+    _DIRECT[s.name] = ext
+    _sync_direct([s.name])
+    return True
+
+
 def _lib(ns: str, kind: str) -> torch.library.Library:
     lib = torch.library.Library(ns, kind)
     _LIBS.append(lib)
@@ -432,16 +563,24 @@ def register(s: OpSpec) -> OpSpec:
             )
         _NATIVE_KEYS[s.name] = native
 
-        # torchrec_ascend::<op>: kernels per device, fake, autograd
+        # torchrec_ascend::<op>: kernels per device (CPU: the csrc direct kernel where there is
+        # one), fake, autograd
+        qual = f"{_NS}::{s.name}"
         _OWN_LIB.define(s.name + s.schema)
         for dev, key in _DEVICE_KEYS.items():
-            _OWN_LIB.impl(s.name, _device_kernel(s.name, dev), key)
-        torch.library.register_fake(f"{_NS}::{s.name}", s.fake, lib=_OWN_LIB)
+            if dev != "cpu":
+                _OWN_LIB.impl(s.name, _device_kernel(s.name, dev), key)
+        torch.library.register_fake(qual, s.fake, lib=_OWN_LIB)
+        autograd_kernel = None
         if s.backward is not None:
-            torch.library.register_autograd(
-                f"{_NS}::{s.name}", _fit_backward(s.backward), setup_context=s.setup_context,
-                lib=_OWN_LIB,
-            )
+            autograd_kernel = _autograd_kernel(s, qual)
+            if autograd_kernel is not None:
+                _OWN_LIB.impl(s.name, autograd_kernel, "Autograd", with_keyset=True)
+            else:
+                torch.library.register_autograd(
+                    qual, _fit_backward(s.backward), setup_context=s.setup_context, lib=_OWN_LIB)
+        if not _install_direct(s, autograd_kernel):
+            _OWN_LIB.impl(s.name, _device_kernel(s.name, "cpu"), "CPU")
 
         if not s.fbgemm:
             return s
