@@ -1,15 +1,24 @@
-// CPU kernels for the table-batched embedding (TBE) lookup forwards (ops/embedding.py):
-// pooled (sum / mean, optionally per-index weighted) and sequence (no pooling), in fbgemm's
-// pt2-wrapper argument order.  Semantics are the torch reference's (ops/reference/embedding.py):
-// fbgemm's layout, fp32 accumulation (fp64 for fp64 weights), indices past offsets[-1] belong
-// to no bag (zero rows in sequence output), and a row outside the weights is a ValueError
-// (fbgemm trusts bounds_check_indices instead).
-// Parallel over bags (pooled) or indices (sequence): every output row is written by one thread.
+// CPU kernels for the table-batched embedding (TBE) ops (ops/embedding.py), in fbgemm's
+// pt2-wrapper argument order:
+//  * lookup forwards: pooled (sum / mean, optionally per-index weighted) and sequence (no pooling);
+//  * fused backwards: per-row gradient, then SGD / Adagrad / RowWiseAdagrad / Adam applied in place
+//    on the weights and optimizer states, once per distinct row;
+//  * the data-parallel dense lookup (forward with its own autograd node, as fbgemm's kernel does,
+//    and its backward: gradient of the dense weights and of the per-index weights).
+// Semantics are the torch reference's (ops/reference/embedding.py): fbgemm's layout, fp32
+// accumulation (fp64 for fp64 weights), indices past offsets[-1] belong to no bag (zero rows in
+// sequence output, no gradient), and a row outside the weights is a ValueError (fbgemm trusts
+// bounds_check_indices instead).
+// Parallel over bags (pooled forward), indices (sequence forward) or distinct rows (backward: the
+// (row, position) pairs are radix-sorted by row, so every row is read and written by one thread).
 #include <ATen/Parallel.h>
 #include <ATen/OpMathType.h>
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <cmath>
+#include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -38,8 +47,10 @@ at::ScalarType out_dtype(const at::Tensor& w, int64_t output_dtype) {
   }
 }
 
+// The tensor that holds the data: host (CPU training) when non-empty, else dev (either may be
+// undefined: fbgemm's autograd passes None for the placements a table does not use).
 const at::Tensor& pick(const at::Tensor& host, const at::Tensor& dev) {
-  return host.numel() > 0 ? host : dev;
+  return host.defined() && host.numel() > 0 ? host : dev;
 }
 
 // o[d] += s * row[d]: the pooled inner loop.  fp32 gets an AVX2/FMA clone picked at load time
@@ -65,6 +76,15 @@ template <typename scalar_t>
 inline void prefetch_row(const scalar_t* row, int64_t D) {
   const char* p = reinterpret_cast<const char*>(row);
   for (int64_t b = 0; b < D * static_cast<int64_t>(sizeof(scalar_t)); b += 64) __builtin_prefetch(p + b);
+}
+
+// Bags k < n_bags span [offs[k], offs[k + 1]) inside the N indices.
+void check_offsets(const std::vector<int64_t>& offs, int64_t n_bags, int64_t N) {
+  for (int64_t k = 0; k < n_bags; ++k) {
+    TORCH_CHECK_VALUE(offs[k] >= 0 && offs[k] <= offs[k + 1] && offs[k + 1] <= N,
+                      "offsets: bag ", k, " spans [", offs[k], ", ", offs[k + 1],
+                      ") outside the ", N, " indices");
+  }
 }
 
 template <typename index_t>
@@ -95,11 +115,7 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
     iw = indice_weights->to(acc_t).contiguous();
     TORCH_CHECK_VALUE(iw.numel() == N, "indice_weights: needs one weight per index");
   }
-  for (int64_t k = 0; k < T * B; ++k) {
-    TORCH_CHECK_VALUE(offs[k] >= 0 && offs[k] <= offs[k + 1] && offs[k + 1] <= N,
-                      "offsets: bag ", k, " spans [", offs[k], ", ", offs[k + 1],
-                      ") outside the ", N, " indices");
-  }
+  check_offsets(offs, T * B, N);
   const int64_t wn = w.numel();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, w.scalar_type(), "tbe_pooled", [&] {
     using acc = at::opmath_type<scalar_t>;
@@ -148,11 +164,7 @@ at::Tensor nobag(const at::Tensor& weights_in, const at::Tensor& weights_offsets
   const int64_t N = indices.numel();
   const auto dt = out_dtype(w, output_dtype);
   auto out = at::empty({N, D}, w.options().dtype(dt));
-  for (int64_t k = 0; k < T * B; ++k) {
-    TORCH_CHECK_VALUE(offs[k] >= 0 && offs[k] <= offs[k + 1] && offs[k + 1] <= N,
-                      "offsets: bag ", k, " spans [", offs[k], ", ", offs[k + 1],
-                      ") outside the ", N, " indices");
-  }
+  check_offsets(offs, T * B, N);
   const int64_t end = T * B > 0 ? offs[T * B] : 0;
   const int64_t wn = w.numel();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, w.scalar_type(), "tbe_nobag", [&] {
@@ -181,6 +193,511 @@ at::Tensor nobag(const at::Tensor& weights_in, const at::Tensor& weights_offsets
     });
   });
   return out;
+}
+
+// ------------------------------------------------------------------ backward: distinct rows
+
+// A looked-up row at a position of `indices`; key: the row's flat start in the weights.
+struct Hit {
+  int64_t key;
+  int64_t pos;
+};
+
+// Stable LSD radix sort by key (0 <= key <= max_key): positions stay ascending within a row, so
+// a row's gradient is summed in index order (deterministic, like the reference's index_add).
+void radix_sort(std::vector<Hit>& a, int64_t max_key) {
+  constexpr int kBits = 11;
+  constexpr int64_t kMask = (int64_t(1) << kBits) - 1;
+  std::vector<Hit> tmp(a.size());
+  std::vector<int64_t> count(kMask + 2);
+  int bits = 0;
+  while (bits < 63 && (max_key >> bits) > 0) ++bits;
+  for (int shift = 0; shift < bits; shift += kBits) {
+    std::fill(count.begin(), count.end(), 0);
+    for (const auto& h : a) ++count[((h.key >> shift) & kMask) + 1];
+    for (int64_t b = 0; b <= kMask; ++b) count[b + 1] += count[b];
+    for (const auto& h : a) tmp[count[(h.key >> shift) & kMask]++] = h;
+    a.swap(tmp);
+  }
+}
+
+// The host-side shape of a lookup: T features x B bags, feature t's dim and output column.
+struct Lookup {
+  int64_t T = 0, B = 0, N = 0, max_D = 0, pooling_mode = 0;
+  bool nobag = false;
+  std::vector<int64_t> w_off, dims, d_begin, offs;
+};
+
+// Pooled when D_offsets is defined, else sequence with dim D for every feature.
+Lookup describe(const at::Tensor& weights_offsets, const at::Tensor& D_offsets, int64_t D,
+                const at::Tensor& offsets, int64_t N, int64_t pooling_mode) {
+  Lookup L;
+  L.w_off = i64(weights_offsets);
+  L.T = static_cast<int64_t>(L.w_off.size());
+  TORCH_CHECK_VALUE(L.T > 0, "weights_offsets: need at least one feature");
+  L.offs = i64(offsets);
+  TORCH_CHECK_VALUE(!L.offs.empty() && (L.offs.size() - 1) % L.T == 0,
+                    "offsets: must have T * B + 1 entries");
+  L.B = (static_cast<int64_t>(L.offs.size()) - 1) / L.T;
+  TORCH_CHECK_VALUE(L.T * L.B < (int64_t(1) << 31), "offsets: more than 2^31 bags");
+  L.N = N;
+  L.nobag = !D_offsets.defined();
+  L.pooling_mode = L.nobag ? kPoolNone : pooling_mode;
+  if (L.nobag) {
+    L.dims.assign(L.T, D);
+    L.d_begin.assign(L.T, 0);
+  } else {
+    const auto d_off = i64(D_offsets);
+    TORCH_CHECK_VALUE(static_cast<int64_t>(d_off.size()) == L.T + 1,
+                      "D_offsets: needs len(weights_offsets) + 1 entries");
+    for (int64_t t = 0; t < L.T; ++t) {
+      L.dims.push_back(d_off[t + 1] - d_off[t]);
+      L.d_begin.push_back(d_off[t]);
+    }
+  }
+  L.max_D = *std::max_element(L.dims.begin(), L.dims.end());
+  check_offsets(L.offs, L.T * L.B, N);
+  return L;
+}
+
+// The distinct rows a lookup touched: row u is hits[seg[u] .. seg[u + 1]), sorted by key;
+// bag[p]: the bag t * B + b of position p (-1: in no bag).
+struct Rows {
+  std::vector<Hit> hits;
+  std::vector<int64_t> seg;
+  std::vector<int32_t> bag;
+};
+
+template <typename index_t>
+Rows group_rows(const Lookup& L, const index_t* ip, int64_t weights_numel) {
+  Rows r;
+  const int64_t TB = L.T * L.B;
+  r.bag.assign(L.N, -1);
+  r.hits.reserve(TB > 0 ? L.offs[TB] - L.offs[0] : 0);
+  for (int64_t k = 0; k < TB; ++k) {
+    const int64_t t = k / L.B, D = L.dims[t];
+    for (int64_t p = L.offs[k]; p < L.offs[k + 1]; ++p) {
+      const int64_t start = L.w_off[t] + static_cast<int64_t>(ip[p]) * D;
+      check_row(start, D, weights_numel, p, ip[p]);
+      r.bag[p] = static_cast<int32_t>(k);
+      r.hits.push_back({start, p});
+    }
+  }
+  radix_sort(r.hits, weights_numel);
+  for (int64_t j = 0; j < static_cast<int64_t>(r.hits.size()); ++j) {
+    if (j == 0 || r.hits[j].key != r.hits[j - 1].key) r.seg.push_back(j);
+  }
+  r.seg.push_back(static_cast<int64_t>(r.hits.size()));
+  return r;
+}
+
+// For every distinct row, on one thread each: g[0, D) = sum over the row's hits of the output
+// gradient's slice times the index's factor (per-index weight, then / L under MEAN), then
+// update(start, t, idx, D, g) with t a feature owning the row and idx its local row id.
+template <typename acc, typename index_t, typename Update>
+void for_each_row(const Lookup& L, const Rows& r, const index_t* ip, const acc* grad, int64_t stride,
+                  const acc* iw, Update&& update) {
+  const int64_t U = static_cast<int64_t>(r.seg.size()) - 1;
+  const int64_t work = static_cast<int64_t>(r.hits.size()) * L.max_D * 3;
+  parallel_over(U, work, [&](int64_t u0, int64_t u1) {
+    std::vector<acc> g(L.max_D);
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t first = r.hits[r.seg[u]].pos;
+      const int64_t t0 = r.bag[first] / L.B, D = L.dims[t0];
+      std::fill(g.begin(), g.begin() + D, acc(0));
+      for (int64_t j = r.seg[u]; j < r.seg[u + 1]; ++j) {
+        const int64_t p = r.hits[j].pos, k = r.bag[p];
+        const acc* src = L.nobag ? grad + p * stride : grad + (k % L.B) * stride + L.d_begin[k / L.B];
+        acc s = iw ? iw[p] : acc(1);
+        if (L.pooling_mode == kPoolMean) s = s / static_cast<acc>(L.offs[k + 1] - L.offs[k]);
+        axpy<acc, acc>(g.data(), src, s, D);
+      }
+      update(r.hits[r.seg[u]].key, t0, static_cast<int64_t>(ip[first]), D, g.data());
+    }
+  });
+}
+
+enum class Opt { kSgd, kAdagrad, kRowwiseAdagrad, kAdam };
+
+struct Hyper {
+  double lr = 0, eps = 0, beta1 = 0, beta2 = 0, weight_decay = 0, max_norm = 0;
+  int64_t weight_decay_mode = 0, iter = 1;
+};
+
+// An optimizer state (host or dev tensor) and where each feature's slice starts; `work` is the
+// state in the accumulation dtype (a copy, written back by finish(), when stored in another).
+struct State {
+  at::Tensor orig, work;
+  std::vector<int64_t> off;
+};
+
+State state_of(const at::Tensor& host, const at::Tensor& dev, const at::Tensor& offsets,
+               at::ScalarType acc_t, int64_t k) {
+  State s;
+  s.orig = pick(host, dev);
+  TORCH_CHECK_VALUE(s.orig.defined(), "momentum", k, "_host / momentum", k, "_dev: neither holds the state");
+  TORCH_CHECK_VALUE(s.orig.is_contiguous(), "momentum", k, ": must be contiguous (updated in place)");
+  s.work = s.orig.scalar_type() == acc_t ? s.orig : s.orig.to(acc_t);
+  s.off = i64(offsets);
+  return s;
+}
+
+void finish(State& s) {
+  if (!s.work.is_same(s.orig)) s.orig.copy_(s.work);
+}
+
+// The state row [start, start + n) of feature t's slice: checked against the state's size.
+template <typename acc>
+acc* state_row(State& s, acc* base, int64_t t, int64_t first, int64_t n, int64_t k) {
+  TORCH_CHECK_VALUE(t < static_cast<int64_t>(s.off.size()), "momentum", k,
+                    "_offsets: needs one entry per feature");
+  const int64_t start = s.off[t] + first;
+  TORCH_CHECK_VALUE(start >= 0 && start + n <= s.work.numel(), "momentum", k, ": feature ", t,
+                    "'s row [", start, ", ", start + n, ") is outside the state of ",
+                    s.work.numel(), " elements");
+  return base + start;
+}
+
+at::Tensor grad_of(const at::Tensor& grad_in, const Lookup& L, at::ScalarType acc_t, int64_t* stride) {
+  const int64_t rows = L.nobag ? L.N : L.B;
+  const int64_t cols = L.nobag ? L.max_D : L.d_begin.back() + L.dims.back();
+  TORCH_CHECK_VALUE(grad_in.dim() == 2 && grad_in.size(0) == rows && grad_in.size(1) >= cols,
+                    "grad_output: expected [", rows, ", >= ", cols, "], got ", grad_in.sizes());
+  *stride = grad_in.size(1);
+  return grad_in.to(acc_t).contiguous();
+}
+
+// The fused backward: per-row gradient, then `opt` on the weights and states, in place.
+void fused_backward(Opt opt, const at::Tensor& grad_in, const at::Tensor& weights, const Lookup& L,
+                    const at::Tensor& indices_in, const at::Tensor& iw_in, std::vector<State>& states,
+                    const Hyper& h) {
+  TORCH_CHECK_VALUE(weights.is_contiguous(), "weights: must be contiguous (updated in place)");
+  const at::ScalarType acc_t = weights.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  int64_t stride = 0;
+  const auto grad = grad_of(grad_in, L, acc_t, &stride);
+  const auto indices = indices_in.contiguous();
+  const auto iw = iw_in.defined() && iw_in.numel() > 0 ? iw_in.to(acc_t).contiguous() : at::Tensor();
+  TORCH_CHECK_VALUE(!iw.defined() || iw.numel() == L.N, "indice_weights: needs one weight per index");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, weights.scalar_type(), "tbe_backward", [&] {
+    using acc = at::opmath_type<scalar_t>;
+    scalar_t* wp = weights.data_ptr<scalar_t>();
+    const acc* gp = grad.data_ptr<acc>();
+    const acc* iwp = iw.defined() ? iw.data_ptr<acc>() : nullptr;
+    const acc lr = static_cast<acc>(h.lr), eps = static_cast<acc>(h.eps);
+    const acc wd = static_cast<acc>(h.weight_decay);
+    AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "tbe_backward_idx", [&] {
+      const index_t* ip = indices.data_ptr<index_t>();
+      const Rows rows = group_rows(L, ip, weights.numel());
+      switch (opt) {
+        case Opt::kSgd:
+          for_each_row(L, rows, ip, gp, stride, iwp, [&](int64_t start, int64_t, int64_t, int64_t D, const acc* g) {
+            scalar_t* w = wp + start;
+            for (int64_t d = 0; d < D; ++d) w[d] = static_cast<scalar_t>(static_cast<acc>(w[d]) - lr * g[d]);
+          });
+          break;
+        case Opt::kAdagrad: {
+          acc* mp = states[0].work.data_ptr<acc>();
+          for_each_row(L, rows, ip, gp, stride, iwp, [&](int64_t start, int64_t t, int64_t idx, int64_t D, const acc* g) {
+            scalar_t* w = wp + start;
+            acc* m = state_row(states[0], mp, t, idx * D, D, 1);
+            for (int64_t d = 0; d < D; ++d) {
+              m[d] += g[d] * g[d];
+              w[d] = static_cast<scalar_t>(static_cast<acc>(w[d]) - lr * g[d] / (std::sqrt(m[d]) + eps));
+            }
+          });
+          break;
+        }
+        case Opt::kRowwiseAdagrad: {
+          acc* mp = states[0].work.data_ptr<acc>();
+          const int64_t mode = h.weight_decay_mode;
+          const acc max_norm = static_cast<acc>(h.max_norm);
+          for_each_row(L, rows, ip, gp, stride, iwp, [&](int64_t start, int64_t t, int64_t idx, int64_t D, const acc* g) {
+            scalar_t* w = wp + start;
+            acc* m = state_row(states[0], mp, t, idx, 1, 1);
+            acc sq = 0;
+            for (int64_t d = 0; d < D; ++d) {
+              const acc ge = mode == 1 ? g[d] + wd * static_cast<acc>(w[d]) : g[d];
+              sq += ge * ge;
+            }
+            const acc m_new = *m + sq / static_cast<acc>(D);
+            *m = m_new;
+            const acc mult = lr / (std::sqrt(m_new) + eps);
+            const acc corr = mode == 1 ? acc(1) - mult * wd : (mode == 2 || mode == 5) ? acc(1) - lr * wd : acc(1);
+            acc scale = 1;
+            if (max_norm > 0) {
+              acc norm = 0;
+              for (int64_t d = 0; d < D; ++d) {
+                const acc v = corr * static_cast<acc>(w[d]) - mult * g[d];
+                norm += v * v;
+              }
+              norm = std::sqrt(norm);
+              if (norm > max_norm) scale = max_norm / norm;
+            }
+            for (int64_t d = 0; d < D; ++d) {
+              w[d] = static_cast<scalar_t>((corr * static_cast<acc>(w[d]) - mult * g[d]) * scale);
+            }
+          });
+          break;
+        }
+        case Opt::kAdam: {
+          acc* m1p = states[0].work.data_ptr<acc>();
+          acc* m2p = states[1].work.data_ptr<acc>();
+          const acc b1 = static_cast<acc>(h.beta1), b2 = static_cast<acc>(h.beta2);
+          const acc c1 = static_cast<acc>(1.0 - std::pow(h.beta1, static_cast<double>(h.iter)));
+          const acc c2 = static_cast<acc>(1.0 - std::pow(h.beta2, static_cast<double>(h.iter)));
+          for_each_row(L, rows, ip, gp, stride, iwp, [&](int64_t start, int64_t t, int64_t idx, int64_t D, const acc* g) {
+            scalar_t* w = wp + start;
+            acc* m1 = state_row(states[0], m1p, t, idx * D, D, 1);
+            acc* m2 = state_row(states[1], m2p, t, idx * D, D, 2);
+            for (int64_t d = 0; d < D; ++d) {
+              m1[d] = b1 * m1[d] + (acc(1) - b1) * g[d];
+              m2[d] = b2 * m2[d] + (acc(1) - b2) * g[d] * g[d];
+              const acc wv = static_cast<acc>(w[d]);
+              const acc upd = (m1[d] / c1) / (std::sqrt(m2[d] / c2) + eps) + wd * wv;
+              w[d] = static_cast<scalar_t>(wv - lr * upd);
+            }
+          });
+          break;
+        }
+      }
+    });
+  });
+  for (auto& s : states) finish(s);
+}
+
+// Gradient of the per-index weights: <output gradient slice, row> per index (times 1/L under
+// MEAN), zero for features with feature_requires_grad[t] == 0.  [N], accumulation dtype.
+at::Tensor grad_indice_weights(const at::Tensor& grad_in, const at::Tensor& weights_in, const Lookup& L,
+                               const at::Tensor& indices_in, const at::Tensor& feature_requires_grad) {
+  const auto w = weights_in.contiguous();
+  const auto indices = indices_in.contiguous();
+  const at::ScalarType acc_t = grad_in.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  int64_t stride = 0;
+  const auto grad = grad_of(grad_in, L, acc_t, &stride);
+  auto out = at::zeros({L.N}, grad.options());
+  std::vector<int64_t> frg;
+  if (feature_requires_grad.defined() && feature_requires_grad.numel() > 0) {
+    frg = i64(feature_requires_grad);
+    TORCH_CHECK_VALUE(static_cast<int64_t>(frg.size()) == L.T,
+                      "feature_requires_grad: needs one entry per feature");
+  }
+  const int64_t TB = L.T * L.B;
+  if (TB == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, w.scalar_type(), "tbe_grad_iw", [&] {
+    using w_t = scalar_t;
+    const w_t* wp = w.data_ptr<w_t>();
+    AT_DISPATCH_FLOATING_TYPES(acc_t, "tbe_grad_iw_acc", [&] {
+      using acc = scalar_t;
+      const acc* gp = grad.data_ptr<acc>();
+      acc* op = out.data_ptr<acc>();
+      AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "tbe_grad_iw_idx", [&] {
+        const index_t* ip = indices.data_ptr<index_t>();
+        const int64_t wn = w.numel();
+        parallel_over(TB, (L.offs[TB] - L.offs[0]) * L.max_D, [&](int64_t k0, int64_t k1) {
+          for (int64_t k = k0; k < k1; ++k) {
+            const int64_t t = k / L.B, b = k % L.B, D = L.dims[t];
+            if (!frg.empty() && frg[t] == 0) continue;
+            const int64_t len = L.offs[k + 1] - L.offs[k];
+            const acc f = L.pooling_mode == kPoolMean && len > 0 ? acc(1) / static_cast<acc>(len) : acc(1);
+            const acc* src = gp + b * stride + L.d_begin[t];
+            for (int64_t p = L.offs[k]; p < L.offs[k + 1]; ++p) {
+              const int64_t start = L.w_off[t] + static_cast<int64_t>(ip[p]) * D;
+              check_row(start, D, wn, p, ip[p]);
+              acc dot = 0;
+              for (int64_t d = 0; d < D; ++d) dot += src[d] * static_cast<acc>(wp[start + d]);
+              op[p] = dot * f;
+            }
+          }
+        });
+      });
+    });
+  });
+  return out;
+}
+
+// ------------------------------------------------------------------ dense (data-parallel) lookup
+
+at::Tensor dense_forward(const at::Tensor& w, const at::Tensor& w_off, const at::Tensor& D_offsets,
+                         int64_t total_D, int64_t max_D, const at::Tensor& indices, const at::Tensor& offsets,
+                         int64_t pooling_mode, const at::Tensor& iw, int64_t output_dtype) {
+  if (pooling_mode == kPoolNone) return nobag(w, w_off, max_D, indices, offsets, output_dtype);
+  return pooled(w, w_off, D_offsets, total_D, indices, offsets, pooling_mode,
+                iw.defined() ? c10::optional<at::Tensor>(iw) : c10::nullopt, output_dtype);
+}
+
+// (gradient of the weights, like them; gradient of the per-index weights, or an empty tensor
+// when there are none or the lookup is a sequence one).
+std::tuple<at::Tensor, at::Tensor> dense_backward(const at::Tensor& grad_in, const at::Tensor& w,
+                                                  const at::Tensor& w_off, const at::Tensor& D_offsets,
+                                                  int64_t max_D, const at::Tensor& indices_in,
+                                                  const at::Tensor& offsets, int64_t pooling_mode,
+                                                  const at::Tensor& iw_in, const at::Tensor& frg) {
+  const bool nobag = pooling_mode == kPoolNone;
+  const auto L = describe(w_off, nobag ? at::Tensor() : D_offsets, max_D, offsets, indices_in.numel(),
+                          pooling_mode);
+  const bool weighted = iw_in.defined() && iw_in.numel() > 0;
+  const at::ScalarType acc_t = w.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  int64_t stride = 0;
+  const auto grad = grad_of(grad_in, L, acc_t, &stride);
+  const auto indices = indices_in.contiguous();
+  const auto iw = weighted && !nobag ? iw_in.to(acc_t).contiguous() : at::Tensor();
+  TORCH_CHECK_VALUE(!iw.defined() || iw.numel() == L.N, "indice_weights: needs one weight per index");
+  auto gw = at::zeros_like(w, at::MemoryFormat::Contiguous);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, w.scalar_type(), "dense_backward", [&] {
+    using acc = at::opmath_type<scalar_t>;
+    scalar_t* gwp = gw.data_ptr<scalar_t>();
+    const acc* iwp = iw.defined() ? iw.data_ptr<acc>() : nullptr;
+    AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "dense_backward_idx", [&] {
+      const index_t* ip = indices.data_ptr<index_t>();
+      const Rows rows = group_rows(L, ip, w.numel());
+      for_each_row(L, rows, ip, grad.data_ptr<acc>(), stride, iwp,
+                   [&](int64_t start, int64_t, int64_t, int64_t D, const acc* g) {
+                     for (int64_t d = 0; d < D; ++d) gwp[start + d] = static_cast<scalar_t>(g[d]);
+                   });
+    });
+  });
+  at::Tensor giw = at::empty({0}, iw_in.defined() ? iw_in.options() : grad_in.options());
+  if (weighted && !nobag) {
+    giw = grad_indice_weights(grad_in, w, L, indices, frg).to(iw_in.scalar_type());
+  }
+  return {gw, giw};
+}
+
+// The dense lookup's own autograd node (fbgemm's CPU kernel records one too, so the op is
+// differentiable when it stands in for fbgemm's kernel below the autograd key).
+struct DenseLookupFn : public torch::autograd::Function<DenseLookupFn> {
+  // iw, frg: optional (an undefined Tensor argument would be taken for a variable)
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& w,
+                            const c10::optional<at::Tensor>& iw_opt, const at::Tensor& w_off,
+                            const at::Tensor& D_offsets, int64_t total_D, int64_t max_D, const at::Tensor& indices,
+                            const at::Tensor& offsets, int64_t pooling_mode,
+                            const c10::optional<at::Tensor>& frg_opt, int64_t output_dtype) {
+    const at::Tensor iw = iw_opt.value_or(at::Tensor());
+    ctx->save_for_backward({w, w_off, D_offsets, indices, offsets});
+    ctx->saved_data["iw"] = iw_opt;  // (save_for_backward refuses undefined tensors here)
+    ctx->saved_data["frg"] = frg_opt;
+    ctx->saved_data["max_D"] = max_D;
+    ctx->saved_data["pooling_mode"] = pooling_mode;
+    return dense_forward(w, w_off, D_offsets, total_D, max_D, indices, offsets, pooling_mode, iw, output_dtype);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const auto iw = ctx->saved_data["iw"].toOptional<at::Tensor>().value_or(at::Tensor());
+    const auto frg = ctx->saved_data["frg"].toOptional<at::Tensor>().value_or(at::Tensor());
+    auto [gw, giw] = dense_backward(grads[0], s[0], s[1], s[2], ctx->saved_data["max_D"].toInt(), s[3], s[4],
+                                    ctx->saved_data["pooling_mode"].toInt(), iw, frg);
+    torch::autograd::variable_list out(11);
+    out[0] = gw;
+    if (iw.defined() && giw.numel() > 0) out[1] = giw;
+    return out;
+  }
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------ argument unpacking
+
+namespace {
+
+namespace py = pybind11;
+
+at::Tensor tensor_at(const py::args& a, size_t i) { return a[i].cast<at::Tensor>(); }
+
+at::Tensor optional_at(const py::args& a, size_t i) {
+  return i < a.size() && !a[i].is_none() ? a[i].cast<at::Tensor>() : at::Tensor();
+}
+
+constexpr int64_t kStates[] = {0, 1, 1, 2};  // per Opt
+constexpr int64_t kHypers[] = {0, 1, 4, 5};  // after learning_rate_tensor, per Opt
+
+// split_embedding{,_nobag}_backward_codegen_<opt>_{unweighted,weighted}_pt2_wrapper, arguments in
+// schema order (ops/embedding.py builds the schemas): the head (grad, weights, layout, indices,
+// 8 unused cache/launch arguments), 5 per state (host, dev, uvm, placements, offsets), the
+// learning-rate tensor, the optimizer's hyper-parameters.
+at::Tensor backward_from_args(Opt opt, bool weighted, bool nobag, const py::args& a) {
+  const auto o = static_cast<size_t>(opt);
+  const size_t first_state = nobag ? 20 : 24;
+  const size_t lr_at = first_state + 5 * kStates[o];
+  TORCH_CHECK_VALUE(a.size() >= lr_at + 1 + kHypers[o], "expected at least ", lr_at + 1 + kHypers[o],
+                    " arguments, got ", a.size());
+  const auto grad = tensor_at(a, 0);
+  const auto w = pick(optional_at(a, 1), optional_at(a, 2));
+  TORCH_CHECK_VALUE(w.defined(), "host_weights / dev_weights: neither holds the weights");
+  const auto w_off = tensor_at(a, 6);
+  at::Tensor indices, iw;
+  Lookup L;
+  if (nobag) {
+    indices = tensor_at(a, 10);
+    L = describe(w_off, at::Tensor(), a[7].cast<int64_t>(), tensor_at(a, 11), indices.numel(), kPoolNone);
+  } else {
+    indices = tensor_at(a, 12);
+    L = describe(w_off, tensor_at(a, 7), 0, tensor_at(a, 13), indices.numel(), a[14].cast<int64_t>());
+    if (weighted) iw = optional_at(a, 15);
+  }
+  const at::ScalarType acc_t = w.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  std::vector<State> states;
+  for (int64_t k = 0; k < kStates[o]; ++k) {
+    const size_t i = first_state + 5 * k;
+    states.push_back(state_of(optional_at(a, i), optional_at(a, i + 1), tensor_at(a, i + 4), acc_t, k + 1));
+  }
+  Hyper h;
+  h.lr = tensor_at(a, lr_at).item<double>();
+  const auto hyper = [&](size_t k) { return a[lr_at + 1 + k]; };
+  switch (opt) {
+    case Opt::kSgd:
+      break;
+    case Opt::kAdagrad:
+      h.eps = hyper(0).cast<double>();
+      break;
+    case Opt::kRowwiseAdagrad:
+      h.eps = hyper(0).cast<double>();
+      h.weight_decay = hyper(1).cast<double>();
+      h.weight_decay_mode = hyper(2).cast<int64_t>();
+      h.max_norm = hyper(3).cast<double>();
+      break;
+    case Opt::kAdam:
+      h.eps = hyper(0).cast<double>();
+      h.beta1 = hyper(1).cast<double>();
+      h.beta2 = hyper(2).cast<double>();
+      h.weight_decay = hyper(3).cast<double>();
+      h.iter = hyper(4).cast<int64_t>();
+      break;
+  }
+  fused_backward(opt, grad, w, L, indices, iw, states, h);
+  return at::empty({0}, w.options());
+}
+
+// split_embedding_codegen_grad_indice_weights_pt2_wrapper (SUM semantics, as fbgemm's): grad,
+// 4 weights placements, placements, weights_offsets, D_offsets, max_D, indices, offsets,
+// lxu_cache_locations, feature_requires_grad.
+at::Tensor grad_iw_from_args(const py::args& a) {
+  TORCH_CHECK_VALUE(a.size() >= 13, "expected 13 arguments, got ", a.size());
+  const auto w = pick(optional_at(a, 1), optional_at(a, 2));
+  TORCH_CHECK_VALUE(w.defined(), "host_weights / dev_weights: neither holds the weights");
+  const auto indices = tensor_at(a, 9);
+  const auto L = describe(tensor_at(a, 6), tensor_at(a, 7), 0, tensor_at(a, 10), indices.numel(), 0);
+  return grad_indice_weights(tensor_at(a, 0), w, L, indices, optional_at(a, 12));
+}
+
+// dense_embedding_codegen_lookup_function, arguments in schema order.
+at::Tensor dense_from_args(const py::args& a) {
+  TORCH_CHECK_VALUE(a.size() >= 12, "expected at least 12 arguments, got ", a.size());
+  TORCH_CHECK_VALUE(optional_at(a, 13).defined() == false,
+                    "B_offsets: variable batch size per feature (VBE) is not supported");
+  const auto w = tensor_at(a, 0);
+  const auto iw = optional_at(a, 10);
+  const int64_t output_dtype = a.size() > 12 ? a[12].cast<int64_t>() : 0;
+  const int64_t total_D = a[3].cast<int64_t>(), max_D = a[4].cast<int64_t>(), pm = a[9].cast<int64_t>();
+  const auto w_off = tensor_at(a, 1), D_offsets = tensor_at(a, 2), indices = tensor_at(a, 7);
+  const auto offsets = tensor_at(a, 8), frg = optional_at(a, 11);
+  if (at::GradMode::is_enabled() && (w.requires_grad() || (iw.defined() && iw.requires_grad()))) {
+    const auto opt = [](const at::Tensor& t) { return t.defined() ? c10::optional<at::Tensor>(t) : c10::nullopt; };
+    return DenseLookupFn::apply(w, opt(iw), w_off, D_offsets, total_D, max_D, indices, offsets, pm, opt(frg),
+                                output_dtype);
+  }
+  return dense_forward(w, w_off, D_offsets, total_D, max_D, indices, offsets, pm, iw, output_dtype);
 }
 
 }  // namespace
@@ -226,6 +743,31 @@ void bind_embedding(pybind11::module& m) {
            const at::Tensor& idx, const at::Tensor& off, const c10::optional<at::Tensor>&,
            const c10::optional<at::Tensor>&, bool, int64_t od) {
           return nobag(pick(hw, dw), wo, D, idx, off, od);
+        });
+  // fused backwards: tbe_backward_<optimizer>_{unweighted,weighted,nobag}
+  const std::pair<const char*, Opt> opts[] = {{"sgd", Opt::kSgd}, {"adagrad", Opt::kAdagrad},
+                                              {"rowwise_adagrad", Opt::kRowwiseAdagrad}, {"adam", Opt::kAdam}};
+  const std::tuple<const char*, bool, bool> variants[] = {
+      {"unweighted", false, false}, {"weighted", true, false}, {"nobag", false, true}};
+  for (const auto& [opt_name, opt] : opts) {
+    for (const auto& [variant, weighted, nobag] : variants) {
+      const std::string name = std::string("tbe_backward_") + opt_name + "_" + variant;
+      const Opt o = opt;
+      const bool w = weighted, nb = nobag;
+      m.def(name.c_str(), [o, w, nb](py::args a) { return backward_from_args(o, w, nb, a); });
+    }
+  }
+  // split_embedding_codegen_grad_indice_weights_pt2_wrapper (SUM semantics, as fbgemm's)
+  m.def("tbe_grad_indice_weights", [](py::args a) { return grad_iw_from_args(a); });
+  // dense_embedding_codegen_lookup_function (records its autograd node when grad is needed)
+  m.def("dense_lookup", [](py::args a) { return dense_from_args(a); });
+  // dense_embedding_codegen_lookup_backward -> (grad of dev_weights, grad of indice_weights or [0])
+  m.def("dense_lookup_backward",
+        [](const at::Tensor& grad, const at::Tensor& w, const at::Tensor& wo, const at::Tensor& Do, int64_t max_D,
+           const at::Tensor& idx, const at::Tensor& off, int64_t pm, const c10::optional<at::Tensor>& iw,
+           const c10::optional<at::Tensor>& frg) {
+          return dense_backward(grad, w, wo, Do, max_D, idx, off, pm, iw.has_value() ? *iw : at::Tensor(),
+                                frg.has_value() ? *frg : at::Tensor());
         });
 }
 

@@ -111,14 +111,16 @@ def _loop_pooled(x, pm, weighted):
 
 # --------------------------------------------------------------------------- forward parity
 
-FWD_BACKENDS = pytest.mark.parametrize("backend", ["reference", "cpu_kernel"])
+BACKENDS = FWD_BACKENDS = pytest.mark.parametrize("backend", ["reference", "cpu_kernel"])
+_DENSE = ("dense_embedding_codegen_lookup_function", "dense_embedding_codegen_lookup_backward")
 
 
-def _forced(backend, name):
-    """Run ``name`` on ``backend`` (skip where it has none here, e.g. the csrc extension unbuilt)."""
-    if backend not in [b for b, _ in ops.registry.available_backends(name, "cpu")]:
-        pytest.skip(f"{name} has no {backend} backend here")
-    return ops.use_backend(backend, ops=[name])
+def _forced(backend, *names):
+    """Run ``names`` on ``backend`` (skip where one has none here, e.g. the csrc extension unbuilt)."""
+    for name in names:
+        if backend not in [b for b, _ in ops.registry.available_backends(name, "cpu")]:
+            pytest.skip(f"{name} has no {backend} backend here")
+    return ops.use_backend(backend, ops=list(names))
 
 
 @pytest.mark.parametrize("pm", [R.SUM, R.MEAN])
@@ -172,14 +174,17 @@ def test_shared_table_forward_matches_fbgemm(backend):
         torch.testing.assert_close(got, getattr(fb, name)(*args))
 
 
-def test_grad_indice_weights_matches_fbgemm():
-    x = _tbe(weighted=True)
+@BACKENDS
+def test_grad_indice_weights_matches_fbgemm(backend):
+    x = _tbe(weighted=True, max_L=6)
     grad = torch.randn(x["B"], sum(x["dims"]))
     frg = torch.tensor([1, 0, 1])
     args = (grad, x["weights"], _e(), _e(), _e(), _placements(x["T"]), x["weights_offsets"], x["D_offsets"],
             max(x["dims"]), x["indices"], x["offsets"], _e(torch.int32), frg)
     name = "split_embedding_codegen_grad_indice_weights_pt2_wrapper"
-    torch.testing.assert_close(getattr(ta, name)(*args), getattr(fb, name)(*args))
+    with _forced(backend, name):
+        got = getattr(ta, name)(*args)
+    torch.testing.assert_close(got, getattr(fb, name)(*args))
 
 
 # --------------------------------------------------------------------------- fused optimizer steps
@@ -218,7 +223,8 @@ _VARIANTS = [("unweighted", R.SUM), ("unweighted", R.MEAN), ("weighted", R.SUM),
 @pytest.mark.parametrize("opt", ["sgd", "adagrad", "rowwise_adagrad"])
 @pytest.mark.parametrize("variant", _VARIANTS, ids=["sum", "mean", "weighted_sum", "nobag"])
 @pytest.mark.parametrize("pooled_dims", [(4, 8, 3), (8, 8, 8)], ids=["mixed_D", "one_D"])
-def test_fused_backward_steps_match_fbgemm(opt, variant, pooled_dims):
+@BACKENDS
+def test_fused_backward_steps_match_fbgemm(opt, variant, pooled_dims, backend):
     nobag = variant == "nobag"
     if nobag and pooled_dims == (8, 8, 8):
         pytest.skip("sequence tables have one dim: covered once")
@@ -235,7 +241,8 @@ def test_fused_backward_steps_match_fbgemm(opt, variant, pooled_dims):
         rows = x["indices"].numel() if nobag else x["B"]
         grad = torch.randn(rows, 4 if nobag else sum(x["dims"]))
         r_fb = getattr(fb, name)(*_bwd_args(x, opt, variant, grad, w_fb, st_fb, lr, hyper))
-        r_ta = getattr(ta, name)(*_bwd_args(x, opt, variant, grad, w_ta, st_ta, lr, hyper))
+        with _forced(backend, name):
+            r_ta = getattr(ta, name)(*_bwd_args(x, opt, variant, grad, w_ta, st_ta, lr, hyper))
         assert r_ta is not None and r_ta.numel() == 0
         torch.testing.assert_close(w_ta, w_fb, rtol=1e-5, atol=1e-6, msg=f"weights after step {step}")
         for (a, _), (b, _) in zip(st_ta, st_fb):
@@ -243,7 +250,8 @@ def test_fused_backward_steps_match_fbgemm(opt, variant, pooled_dims):
         assert not torch.equal(w_ta, x0["weights"])
 
 
-def test_fused_sgd_fp16_weights_match_fbgemm():
+@BACKENDS
+def test_fused_sgd_fp16_weights_match_fbgemm(backend):
     x = _tbe(w_dtype=torch.float16)
     w_fb, w_ta = x["weights"].clone(), x["weights"].clone()
     grad = torch.randn(x["B"], sum(x["dims"]))
@@ -251,7 +259,8 @@ def test_fused_sgd_fp16_weights_match_fbgemm():
     lr = torch.tensor(0.5)
     variant = ("unweighted", R.SUM)
     getattr(fb, name)(*_bwd_args(x, "sgd", variant, grad, w_fb, [], lr, []))
-    getattr(ta, name)(*_bwd_args(x, "sgd", variant, grad, w_ta, [], lr, []))
+    with _forced(backend, name):
+        getattr(ta, name)(*_bwd_args(x, "sgd", variant, grad, w_ta, [], lr, []))
     torch.testing.assert_close(w_ta, w_fb, rtol=1e-3, atol=1e-3)
 
 
@@ -276,14 +285,16 @@ def _loop_row_grads(x, grad, pm, weighted):
     return out
 
 
-def test_weighted_mean_backward_is_the_gradient_of_the_forward():
+@BACKENDS
+def test_weighted_mean_backward_is_the_gradient_of_the_forward(backend):
     # fbgemm-cpu's backward drops the 1/L of weighted MEAN that its forward applies; ours keeps it
     x = _tbe(weighted=True)
     w = x["weights"].clone()
     out = E.split_embedding_lookup(w, x["weights_offsets"], x["D_offsets"], x["indices"], x["offsets"], "sgd",
                                    1.0, pooling_mode="mean", per_sample_weights=x["psw"])
     grad = torch.randn_like(out)
-    out.backward(grad)
+    with _forced(backend, E.backward_op_name("sgd", True, False)):
+        out.backward(grad)
     want = x["weights"].double().clone()
     for (start, D), g in _loop_row_grads(x, grad, R.MEAN, True).items():
         want[start:start + D] -= g
@@ -291,7 +302,8 @@ def test_weighted_mean_backward_is_the_gradient_of_the_forward():
 
 
 @pytest.mark.parametrize("mode,max_norm", [(1, 0.0), (2, 0.0), (0, 0.5)])
-def test_rowwise_adagrad_weight_decay_and_max_norm_formula(mode, max_norm):
+@BACKENDS
+def test_rowwise_adagrad_weight_decay_and_max_norm_formula(mode, max_norm, backend):
     x = _tbe()
     w = x["weights"].clone()
     (m, mo), = _state_tensors("rowwise_adagrad", x)
@@ -301,7 +313,8 @@ def test_rowwise_adagrad_weight_decay_and_max_norm_formula(mode, max_norm):
                                    "rowwise_adagrad", lr, [m], [mo], eps=eps, weight_decay=wd,
                                    weight_decay_mode=mode, max_norm=max_norm)
     grad = torch.randn_like(out)
-    out.backward(grad)
+    with _forced(backend, E.backward_op_name("rowwise_adagrad", False, False)):
+        out.backward(grad)
     want_w, want_m = x["weights"].double().clone(), m0.double().clone()
     for (start, D), g in _loop_row_grads(x, grad, R.SUM, False).items():
         t = int(torch.searchsorted(x["weights_offsets"], torch.tensor(start), right=True)) - 1
@@ -321,7 +334,8 @@ def test_rowwise_adagrad_weight_decay_and_max_norm_formula(mode, max_norm):
 
 
 @pytest.mark.parametrize("variant", ["sum", "nobag"])
-def test_adam_steps_match_float64_formula(variant):
+@BACKENDS
+def test_adam_steps_match_float64_formula(variant, backend):
     nobag = variant == "nobag"
     dims = (4, 4, 4) if nobag else (4, 8, 3)
     x0 = _tbe(dims=dims)
@@ -335,7 +349,8 @@ def test_adam_steps_match_float64_formula(variant):
                                        lr, [m1, m2], [x["weights_offsets"]] * 2, pooling_mode="none" if nobag
                                        else "sum", eps=eps, beta1=b1, beta2=b2, weight_decay=wd, iter=it)
         grad = torch.randn_like(out)
-        out.backward(grad)
+        with _forced(backend, E.backward_op_name("adam", False, nobag)):
+            out.backward(grad)
         if nobag:
             rg = {}
             for p, i in enumerate(x["indices"].tolist()):
@@ -381,11 +396,14 @@ def test_lookup_op_adagrad_matches_fbgemm_backward_and_clips():
 # --------------------------------------------------------------------------- dense (data parallel)
 
 
-def test_dense_sequence_lookup_matches_float64_loop():
+@pytest.mark.parametrize("w_dtype", [torch.float64, torch.float32])
+@BACKENDS
+def test_dense_sequence_lookup_matches_float64_loop(w_dtype, backend):
     # fbgemm-gpu-cpu 1.8.0 pools here; the right answer is one row per index
-    x = _tbe(dims=(4, 4, 4))
-    w = x["weights"].double().requires_grad_()
-    out = E.dense_embedding_lookup(w, x["weights_offsets"], x["D_offsets"], x["indices"], x["offsets"], "none")
+    x = _tbe(dims=(4, 4, 4), max_L=6)
+    w = x["weights"].to(w_dtype).requires_grad_()
+    with _forced(backend, *_DENSE):
+        out = E.dense_embedding_lookup(w, x["weights_offsets"], x["D_offsets"], x["indices"], x["offsets"], "none")
     assert out.shape == (x["indices"].numel(), 4)
     rows = []
     for p, i in enumerate(x["indices"].tolist()):
@@ -395,15 +413,17 @@ def test_dense_sequence_lookup_matches_float64_loop():
     want = torch.stack(rows)
     torch.testing.assert_close(out, want)
     grad = torch.randn_like(out)
-    (g_ours,) = torch.autograd.grad(out, w, grad)
-    (g_want,) = torch.autograd.grad(want, w, grad)
-    torch.testing.assert_close(g_ours, g_want)
+    with _forced(backend, *_DENSE):
+        (g_ours,) = torch.autograd.grad(out, w, grad)
+    (g_want,) = torch.autograd.grad(want.double(), w, grad.double())
+    torch.testing.assert_close(g_ours.double(), g_want.double(), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("pm", [R.SUM, R.MEAN])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_dense_pooled_lookup_matches_fbgemm_and_grads(pm, weighted):
-    x = _tbe(weighted=weighted)
+@BACKENDS
+def test_dense_pooled_lookup_matches_fbgemm_and_grads(pm, weighted, backend):
+    x = _tbe(weighted=weighted, max_L=6)
     if weighted and pm == R.MEAN:
         pytest.skip("fbgemm-cpu's weighted MEAN backward omits 1/L (covered by the float64 test)")
     args = lambda w, iw: (w, x["weights_offsets"], x["D_offsets"], sum(x["dims"]), max(x["dims"]),  # noqa: E731
@@ -411,32 +431,39 @@ def test_dense_pooled_lookup_matches_fbgemm_and_grads(pm, weighted):
     w1, w2 = x["weights"].clone().requires_grad_(), x["weights"].clone().requires_grad_()
     iw1 = x["psw"].clone().requires_grad_() if weighted else None
     iw2 = x["psw"].clone().requires_grad_() if weighted else None
-    o1 = ta.dense_embedding_codegen_lookup_function(*args(w1, iw1))
+    with _forced(backend, *_DENSE):
+        o1 = ta.dense_embedding_codegen_lookup_function(*args(w1, iw1))
     o2 = fb.dense_embedding_codegen_lookup_function(*args(w2, iw2))
     torch.testing.assert_close(o1, o2)
     grad = torch.randn_like(o1)
-    o1.backward(grad)
+    with _forced(backend, *_DENSE):
+        o1.backward(grad)
     o2.backward(grad)
     torch.testing.assert_close(w1.grad, w2.grad)
     if weighted:
         torch.testing.assert_close(iw1.grad, iw2.grad)
 
 
-def test_dense_replaces_fbgemm_kernel_with_autograd():
+@BACKENDS
+def test_dense_replaces_fbgemm_kernel_with_autograd(backend):
     x = _tbe(dims=(4, 4, 4))
     w = x["weights"].clone().requires_grad_()
-    with ops.use_backend("reference", ops=["dense_embedding_codegen_lookup_function"], replace_fbgemm=True):
+    _forced(backend, *_DENSE)  # skips where the backend is missing
+    with ops.use_backend(backend, ops=list(_DENSE), replace_fbgemm=True):
         out = fb.dense_embedding_codegen_lookup_function(
             w, x["weights_offsets"], x["D_offsets"], 12, 4, x["hash_size_cumsum"], 0, x["indices"], x["offsets"],
             R.NONE, None, None)
     assert out.shape == (x["indices"].numel(), 4)
-    out.sum().backward()
-    counts = torch.zeros_like(w)
-    want = E.dense_embedding_lookup(x["weights"], x["weights_offsets"], x["D_offsets"], x["indices"],
-                                    x["offsets"], "none")
-    torch.testing.assert_close(out.detach(), want)
-    assert w.grad is not None and float(w.grad.sum()) == pytest.approx(out.numel())
-    del counts
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    want_out, want_grad = torch.zeros_like(out), torch.zeros_like(w)
+    for p, i in enumerate(x["indices"].tolist()):  # float64-free loop: rows copied, grads summed per row
+        t = int(torch.searchsorted(x["offsets"][x["B"]::x["B"]], torch.tensor(p), right=True))
+        start = int(x["weights_offsets"][t]) + i * 4
+        want_out[p] = x["weights"][start:start + 4]
+        want_grad[start:start + 4] += grad[p]
+    torch.testing.assert_close(out.detach(), want_out)
+    torch.testing.assert_close(w.grad, want_grad)
 
 
 # --------------------------------------------------------------------------- fake kernels
@@ -457,6 +484,13 @@ def test_opcheck_fake_kernels():
     checks.append((ta.split_embedding_backward_codegen_rowwise_adagrad_weighted_pt2_wrapper,
                    tuple(_bwd_args(x, "rowwise_adagrad", ("weighted", R.SUM), grad, x["weights"].clone(),
                                    _state_tensors("rowwise_adagrad", x), torch.tensor(0.1), [1e-3, 0.0, 0, 0.0]))))
+    for pm, iw in ((R.SUM, x["psw"]), (R.NONE, None)):
+        xx = x if pm == R.SUM else xs
+        rows = xx["B"] if pm == R.SUM else xx["indices"].numel()
+        checks.append((ta.dense_embedding_codegen_lookup_backward,
+                       (torch.randn(rows, sum(xx["dims"]) if pm == R.SUM else 4), xx["weights"],
+                        xx["weights_offsets"], xx["D_offsets"], max(xx["dims"]), xx["indices"], xx["offsets"], pm, iw,
+                        None)))
     for op, args in checks:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
 

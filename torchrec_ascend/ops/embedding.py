@@ -13,8 +13,8 @@ fbgemm (TBE refuses it on CPU): ours are ``torchrec_ascend::`` only.  docs/embed
 the traced call path and the exact formulas.
 
 Public API (validate, then dispatch through ``torch.ops.torchrec_ascend``):
-:func:`split_embedding_forward`, :func:`split_embedding_lookup` (forward + fused optimizer in
-backward), :func:`dense_embedding_lookup`.
+:func:`split_embedding_forward` (no autograd), :func:`split_embedding_lookup` (forward + fused
+optimizer in backward), :func:`dense_embedding_lookup` (differentiable).
 """
 
 from __future__ import annotations
@@ -230,11 +230,37 @@ def _dense_setup(ctx, inputs, output):
 
 def _dense_backward(ctx, grad):
     dev_weights, wo, Do, indices, offsets, iw, frg = ctx.saved_tensors
-    gw, giw = ref.dense_lookup_backward(grad, dev_weights, wo, Do, ctx.max_D, indices, offsets, ctx.pooling_mode,
-                                        iw, frg)
+    gw, giw = _ops.dense_embedding_codegen_lookup_backward(grad.contiguous(), dev_weights, wo, Do, ctx.max_D,
+                                                            indices, offsets, ctx.pooling_mode, iw, frg)
     out = [None] * ctx.n_inputs
-    out[0], out[10] = gw, giw
+    out[0] = gw
+    out[10] = giw if iw is not None and int(ctx.pooling_mode) != ref.NONE else None
     return tuple(out)
+
+
+# the dense lookup's backward as an op of its own (torchrec_ascend:: only), so that the autograd
+# formula above runs on the registry's backend: (grad of dev_weights, grad of indice_weights, or
+# an empty tensor when there are none / the lookup is a sequence one)
+_DENSE_BWD_SCHEMA = ("(Tensor grad_output, Tensor dev_weights, Tensor weights_offsets, Tensor D_offsets, "
+                     "SymInt max_D, Tensor indices, Tensor offsets, int pooling_mode, Tensor? indice_weights, "
+                     "Tensor? feature_requires_grad) -> (Tensor, Tensor)")
+
+
+def _dense_bwd_impl(grad_output, dev_weights, weights_offsets, D_offsets, max_D, indices, offsets, pooling_mode,
+                    indice_weights, feature_requires_grad):
+    gw, giw = ref.dense_lookup_backward(grad_output, dev_weights, weights_offsets, D_offsets, max_D, indices,
+                                        offsets, pooling_mode, indice_weights, feature_requires_grad)
+    return gw, giw if giw is not None else (indice_weights if indice_weights is not None else grad_output
+                                            ).new_empty(0)
+
+
+def _dense_bwd_fake(grad_output, dev_weights, weights_offsets, D_offsets, max_D, indices, offsets, pooling_mode,
+                    indice_weights, feature_requires_grad):
+    if indice_weights is not None and indice_weights.numel() > 0 and int(pooling_mode) != ref.NONE:
+        giw = indice_weights.new_empty(indices.shape[0])
+    else:
+        giw = (indice_weights if indice_weights is not None else grad_output).new_empty(0)
+    return torch.empty_like(dev_weights, memory_format=torch.contiguous_format), giw
 
 
 # --------------------------------------------------------------------------- fused lookup (ours)
@@ -348,6 +374,7 @@ def _register_all() -> None:
         name="split_embedding_codegen_grad_indice_weights_pt2_wrapper",
         schema=_GRAD_IW_SCHEMA,
         reference=_grad_iw_impl,
+        cpu_kernel="tbe_grad_indice_weights",
         fake=_grad_iw_fake,
         fbgemm=True,
     ))
@@ -358,6 +385,7 @@ def _register_all() -> None:
                 name=backward_op_name(opt, weighted == "weighted", nobag),
                 schema=_backward_schema(opt, nobag),
                 reference=_backward_impl(opt, weighted == "weighted", nobag),
+                cpu_kernel=f"tbe_backward_{opt}_{'nobag' if nobag else weighted}",
                 fake=_backward_fake,
                 fbgemm=opt != "adam",
             ))
@@ -365,11 +393,19 @@ def _register_all() -> None:
         name="dense_embedding_codegen_lookup_function",
         schema=_DENSE_SCHEMA,
         reference=_dense_impl,
+        cpu_kernel="dense_lookup",
         fake=_dense_fake,
         backward=_dense_backward,
         setup_context=_dense_setup,
         fbgemm=True,
         fbgemm_ascend=True,
+    ))
+    register(OpSpec(
+        name="dense_embedding_codegen_lookup_backward",
+        schema=_DENSE_BWD_SCHEMA,
+        reference=_dense_bwd_impl,
+        cpu_kernel="dense_lookup_backward",
+        fake=_dense_bwd_fake,
     ))
     register(OpSpec(
         name="split_embedding_codegen_lookup_function",
@@ -487,18 +523,8 @@ def _prepare(weights, weights_offsets, D_offsets, indices, offsets, pooling_mode
 # --------------------------------------------------------------------------- public API
 
 
-def split_embedding_forward(
-    weights: torch.Tensor,
-    weights_offsets: torch.Tensor,
-    D_offsets: torch.Tensor,
-    indices: torch.Tensor,
-    offsets: torch.Tensor,
-    pooling_mode: Union[str, int] = "sum",
-    per_sample_weights: Optional[torch.Tensor] = None,
-    hash_size_cumsum: Optional[torch.Tensor] = None,
-    output_dtype: int = 0,
-    validate: bool = True,
-) -> torch.Tensor:
+def split_embedding_forward(weights: torch.Tensor, weights_offsets: torch.Tensor, D_offsets: torch.Tensor,
+                            indices: torch.Tensor, offsets: torch.Tensor, **options) -> torch.Tensor:
     """Table-batched lookup, no autograd: pooled ``[B, total_D]`` (``"sum"``/``"mean"``, with
     optional per-sample weights) or sequence ``[N, D]`` (``"none"``).
 
@@ -507,15 +533,14 @@ def split_embedding_forward(
             ``weights_offsets[t] + i * D_t``.
         weights_offsets: ``[T]`` int64.  D_offsets: ``[T + 1]`` cumulative dims.
         indices: row ids local to each feature's table; offsets: ``[T * B + 1]`` bag bounds.
-        hash_size_cumsum: ``[T + 1]`` cumulative table sizes (default: from the weights layout).
-        output_dtype: fbgemm SparseType int (0 fp32, 1 fp16, 5 bf16).
-        validate: check values (offsets monotone, indices in range): costs a device sync.
+        options: the keyword arguments of :func:`dense_embedding_lookup` -- ``pooling_mode``,
+            ``per_sample_weights``, ``hash_size_cumsum`` (``[T + 1]`` cumulative table sizes,
+            default: from the weights layout), ``output_dtype`` (fbgemm SparseType int: 0 fp32,
+            1 fp16, 5 bf16), ``validate`` (check values: offsets monotone, indices in range;
+            costs a device sync).
     """
-    pm, hsc, total_D, max_D = _prepare(weights, weights_offsets, D_offsets, indices, offsets, pooling_mode,
-                                       per_sample_weights, hash_size_cumsum, validate)
-    return _ops.split_embedding_codegen_lookup_function(
-        weights.new_empty(0), weights, weights_offsets, D_offsets, total_D, max_D, hsc, indices, offsets, pm,
-        per_sample_weights, "sgd", [], [], weights.new_zeros(()), output_dtype=output_dtype)
+    with torch.no_grad():
+        return dense_embedding_lookup(weights, weights_offsets, D_offsets, indices, offsets, **options)
 
 
 def split_embedding_lookup(
@@ -592,7 +617,8 @@ def dense_embedding_lookup(
     validate: bool = True,
 ) -> torch.Tensor:
     """Data-parallel lookup, differentiable w.r.t. ``weights`` and ``per_sample_weights``:
-    pooled ``[B, total_D]``, or for ``pooling_mode="none"`` one row per index ``[N, D]``."""
+    pooled ``[B, total_D]``, or for ``pooling_mode="none"`` one row per index ``[N, D]``.
+    Arguments as :func:`split_embedding_forward`."""
     pm, hsc, total_D, max_D = _prepare(weights, weights_offsets, D_offsets, indices, offsets, pooling_mode,
                                        per_sample_weights, hash_size_cumsum, validate)
     return _ops.dense_embedding_codegen_lookup_function(
