@@ -17,6 +17,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <unordered_map>
 
 namespace simnpu {
@@ -54,6 +56,45 @@ struct HostBackedAllocator final : c10::Allocator {
 };
 
 HostBackedAllocator g_allocator;
+
+// Pinned host memory (what DDP's reducer and pin_memory() ask the accelerator for): ordinary
+// host memory whose blocks are remembered, so isPinnedPtr can answer for any address inside one.
+std::mutex g_pinned_mu;
+std::map<const char*, size_t> g_pinned;  // block start -> size
+
+void pinned_free(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    g_pinned.erase(static_cast<const char*>(p));
+  }
+  c10::free_cpu(p);
+}
+
+bool is_pinned(const void* data) {
+  const char* q = static_cast<const char*>(data);
+  std::lock_guard<std::mutex> lock(g_pinned_mu);
+  auto it = g_pinned.upper_bound(q);
+  if (it == g_pinned.begin()) return false;
+  --it;
+  return q < it->first + (it->second ? it->second : 1);
+}
+
+struct PinnedHostAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* p = c10::alloc_cpu(nbytes ? nbytes : 1);
+    {
+      std::lock_guard<std::mutex> lock(g_pinned_mu);
+      g_pinned[static_cast<const char*>(p)] = nbytes;
+    }
+    return {p, p, &pinned_free, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &pinned_free; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    if (count) std::memcpy(dest, src, count);
+  }
+};
+
+PinnedHostAllocator g_pinned_allocator;
 
 // ------------------------------------------------------------------------------ streams & events
 
@@ -144,8 +185,8 @@ struct Hooks final : at::PrivateUse1HooksInterface {
     if (d < 0 || d >= device_count()) return current_device();
     return exchangeDevice(d);
   }
-  bool isPinnedPtr(const void* /*data*/) const override { return false; }
-  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  bool isPinnedPtr(const void* data) const override { return data != nullptr && is_pinned(data); }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return &g_pinned_allocator; }
   // Random numbers for the simulated device come from the CPU generator (the CPU fallback
   // kernels draw them), so the default generator of every simulated device is the CPU one.
   const at::Generator& getDefaultGenerator(c10::DeviceIndex /*idx*/) const override {

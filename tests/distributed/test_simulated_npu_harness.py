@@ -47,8 +47,9 @@ def test_removing_our_kernel_fails_with_the_clear_error(npu):
 
 
 def test_an_unregistered_fbgemm_op_is_refused_not_run_on_cpu(npu):
-    # fbgemm's TBE constructor calls it; torchrec_ascend has no npu kernel for it yet
-    if torch._C._dispatch_has_kernel_for_dispatch_key("fbgemm::get_infos_metadata", "PrivateUse1"):
-        pytest.skip("get_infos_metadata has an npu kernel now")
-    with pytest.raises(NotImplementedError, match="no npu kernel for fbgemm::get_infos_metadata"):
-        torch.ops.fbgemm.get_infos_metadata(torch.empty(0, device=npu), 4, 2)
+    # fbgemm's TBE constructor calls it; without our npu kernel it must not run fbgemm's CPU one
+    with simulated_npu.without_kernel("fbgemm::get_infos_metadata"):
+        with pytest.raises(NotImplementedError, match="no npu kernel for fbgemm::get_infos_metadata"):
+            torch.ops.fbgemm.get_infos_metadata(torch.empty(0, device=npu), 4, 2)
+    assert torch.ops.fbgemm.get_infos_metadata(torch.empty(0, device=npu), 4, 2) == \
+        torch.ops.fbgemm.get_infos_metadata(torch.empty(0), 4, 2)

@@ -241,6 +241,80 @@ def _gate_runtime_forward_device() -> None:
     _patch_attr(BaseForward, "__init__", make)
 
 
+def _is_cpu_stream(stream: Any) -> bool:
+    return isinstance(stream, torch.cpu.Stream) or (
+        isinstance(stream, torch.Stream) and stream.device.type == "cpu")
+
+
+def _without_cpu_streams(orig: Callable, args: Sequence[str]) -> Callable:
+    """Wrapper of ``orig`` that passes None for each stream argument of ``args`` on cpu."""
+    sig = inspect.signature(orig)
+
+    @functools.wraps(orig)
+    def wrapper(*a, **kw):
+        bound = sig.bind(*a, **kw)
+        for name in args:
+            if _is_cpu_stream(bound.arguments.get(name)):
+                bound.arguments[name] = None  # cpu work is ordered; tensors cannot record it
+        return orig(*bound.args, **bound.kwargs)
+
+    return wrapper
+
+
+def _gate_cpu_record_stream() -> None:
+    from torchrec.distributed.train_pipeline import utils
+
+    rebind = ("torchrec.distributed.train_pipeline.train_pipelines",
+              "torchrec.distributed.train_pipeline.pipeline_stage")
+    _patch_attr(utils, "_wait_for_events", lambda f: _without_cpu_streams(f, ("stream",)),
+                rebind_in=rebind)
+    _patch_attr(utils, "_start_embedding_lookup",
+                lambda f: _without_cpu_streams(f, ("source_stream", "target_stream")),
+                rebind_in=rebind)
+    # the semi-sync forward records the current (cpu) stream on the looked-up embeddings
+    from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, KeyedTensor
+
+    def make(orig):
+        @functools.wraps(orig)
+        def record_stream(self, stream):
+            if _is_cpu_stream(stream):
+                return None
+            return orig(self, stream)
+
+        return record_stream
+
+    for cls in (JaggedTensor, KeyedJaggedTensor, KeyedTensor):
+        _patch_attr(cls, "record_stream", make)
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def _gate_dense_tbe_device() -> None:
+    from torchrec.distributed import batched_embedding_kernel as bek
+
+    for cls in (bek.BatchedDenseEmbedding, bek.BatchedDenseEmbeddingBag):
+        def make(orig):
+            sig = inspect.signature(orig)
+
+            @functools.wraps(orig)
+            def __init__(self, *args, **kwargs):
+                orig(self, *args, **kwargs)
+                device = sig.bind(self, *args, **kwargs).arguments.get("device")
+                if not isinstance(device, torch.device) or not _is_npu(device.type):
+                    return
+                # TorchRec built fbgemm's dense TBE on cpu (use_cpu: "no cuda/mtia"): move it,
+                # and re-slice the per-table parameters from the moved weights
+                self._emb_module = self._emb_module.to(device)
+                self._emb_module.current_device = device
+                self._param_per_table = dict(bek._gen_named_parameters_by_table_dense(
+                    self._emb_module, self.table_name_to_count.copy(), self._config))
+
+            return __init__
+
+        _patch_attr(cls, "__init__", make)
+
+
 GATES: List[Gate] = [
     Gate("topology", "torchrec/distributed/planner/types.py", "Topology.__init__",
          'accepts compute_device="npu"; HBM capacity per device as for cuda', _gate_topology),
@@ -268,6 +342,18 @@ GATES: List[Gate] = [
          "without a stream the forward runs on cpu (TorchRec assumed cuda, which broke "
          "TrainPipelineSemiSync and TrainPipelineFusedSparseDist on cpu)",
          _gate_runtime_forward_device),
+    Gate("cpu_record_stream", "torchrec/distributed/train_pipeline/utils.py",
+         "_wait_for_events, _start_embedding_lookup (also bound in train_pipelines.py, "
+         "pipeline_stage.py); torchrec/sparse/jagged_tensor.py: JaggedTensor / "
+         "KeyedJaggedTensor / KeyedTensor .record_stream",
+         "cpu streams are passed as None (TrainPipelineSemiSync's embedding lookup recorded "
+         "torch.cpu's current stream on the batch and its KJTs and failed on cpu)",
+         _gate_cpu_record_stream),
+    Gate("dense_tbe_device", "torchrec/distributed/batched_embedding_kernel.py",
+         "BatchedDenseEmbedding / BatchedDenseEmbeddingBag .__init__",
+         "data_parallel tables live on npu: TorchRec builds fbgemm's dense TBE on cpu when "
+         "cuda/mtia are absent; the gate moves it to the npu and re-slices the table parameters",
+         _gate_dense_tbe_device),
 ]
 
 

@@ -16,6 +16,7 @@ from . import sparse  # noqa: E402
 from . import jagged  # noqa: E402
 from . import hstu  # noqa: E402  (fused HSTU attention: hstu_mha)
 from . import embedding  # noqa: E402  (TBE lookup + fused optimizers)
+from . import embedding_npu  # noqa: E402  (npu kernels of fbgemm's TBE plumbing)
 from .embedding import dense_embedding_lookup, split_embedding_forward, split_embedding_lookup  # noqa: E402
 from .sparse import (  # noqa: E402
     asynchronous_complete_cumsum,

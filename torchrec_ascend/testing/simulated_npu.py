@@ -31,7 +31,9 @@ Limits (it is test infrastructure, not an emulator):
 * aten ops run CPU kernels: dtype support, numerics and performance are the CPU's (bf16/fp16
   matmuls are slow), not the NPU's.  Random numbers come from the CPU generator.
 * One process sees ``TORCHREC_ASCEND_SIMNPU_DEVICES`` devices (default 8); they share memory.
-* ``torch.compile``, autocast, pinned memory and sparse tensors are not supported on it.
+* Pinned host memory is ordinary host memory whose blocks are remembered (``is_pinned()`` is
+  true for them; DDP's reducer asks for it).
+* ``torch.compile``, autocast and sparse tensors are not supported on it.
 """
 
 from __future__ import annotations

@@ -56,7 +56,11 @@ def npu_backend(qualname: str) -> Tuple[str, str]:
     for other ops whether a PrivateUse1 kernel exists at all."""
     from torchrec_ascend.ops import registry
 
+    from torchrec_ascend.ops import embedding_npu
+
     ns, name = qualname.split("::", 1)
+    if qualname in embedding_npu.REGISTERED:
+        return "embedding_npu", "npu kernel of torchrec_ascend.ops.embedding_npu"
     try:
         registry.spec(name)
     except Exception:
