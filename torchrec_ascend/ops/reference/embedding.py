@@ -357,8 +357,13 @@ class _DenseLookup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, dev_weights, indice_weights, weights_offsets, D_offsets, total_D, max_D, indices,
                 offsets, pooling_mode, feature_requires_grad, output_dtype):
-        ctx.save_for_backward(dev_weights, indice_weights, weights_offsets, D_offsets, indices, offsets,
-                              feature_requires_grad)
+        # the weights' own gradient does not read them: save them only for the indice-weight
+        # gradient, so an optimizer step between forward and backward (TorchRec's semi-sync
+        # pipeline on data-parallel tables) does not invalidate the saved graph
+        ctx.need_w = ctx.needs_input_grad[1]
+        ctx.save_for_backward(dev_weights if ctx.need_w else None, indice_weights, weights_offsets,
+                              D_offsets, indices, offsets, feature_requires_grad)
+        ctx.w_meta = (dev_weights.shape, dev_weights.dtype, dev_weights.device)
         ctx.max_D, ctx.pooling_mode = max_D, pooling_mode
         return _dense_forward(dev_weights, weights_offsets, D_offsets, total_D, max_D, indices, offsets,
                               pooling_mode, indice_weights, output_dtype)
@@ -366,9 +371,12 @@ class _DenseLookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         dev_weights, iw, wo, Do, indices, offsets, frg = ctx.saved_tensors
+        if dev_weights is None:  # zeros of the right shape (one element, expanded): never read
+            shape, dtype, device = ctx.w_meta
+            dev_weights = torch.zeros((), dtype=dtype, device=device).expand(shape)
         gw, giw = dense_lookup_backward(grad, dev_weights, wo, Do, ctx.max_D, indices, offsets,
                                         ctx.pooling_mode, iw, frg)
-        return (gw, giw) + (None,) * 9
+        return (gw, giw if ctx.need_w else None) + (None,) * 9
 
 
 def dense_lookup(dev_weights, weights_offsets, D_offsets, total_D: int, max_D: int, indices, offsets,
