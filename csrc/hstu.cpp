@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <limits>
 #include <numeric>
 #include <tuple>
@@ -75,6 +77,139 @@ struct Bucketer {
   }
 };
 
+// ---------------------------------------------------------------------------------------------
+// Small GEMMs straight into BLAS.  The forward/backward tiles are small (<= 64 x n x d), where
+// at::mm_out's dispatcher, checks and tensor creation cost as much as the product itself; the
+// Fortran BLAS that libtorch_cpu exports (MKL on x86 wheels) is called directly.  The symbols are
+// weak: where a torch build does not export them the tensor path below runs instead.
+extern "C" {
+void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*,
+            const int*, const float*, const int*, const float*, float*, const int*) __attribute__((weak));
+void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*, const double*,
+            const int*, const double*, const int*, const double*, double*, const int*) __attribute__((weak));
+}
+
+// Row-major C[m, n] (row stride ldc) = alpha * op(A) op(B) + beta * C, op(X) = X or X^T (ta, tb);
+// A is stored [m, k] (or [k, m] when ta), B [k, n] (or [n, k] when tb), rows ld* apart.
+// beta == 0 ignores C's old values (NaN included).
+template <typename scalar_t>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, scalar_t alpha, const scalar_t* A,
+          int64_t lda, const scalar_t* B, int64_t ldb, scalar_t beta, scalar_t* C, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  constexpr bool is_f = std::is_same_v<scalar_t, float>;
+  const bool blas = (is_f ? sgemm_ != nullptr : dgemm_ != nullptr) && k > 0 && lda > 0 && ldb > 0 &&
+                    std::max({m, n, k, lda, ldb, ldc}) < (int64_t(1) << 31);
+  if (blas) {
+    // column-major view: C^T = op(B)^T op(A)^T, every row-major operand is its own transpose
+    const char cb = tb ? 'T' : 'N', ca = ta ? 'T' : 'N';
+    const int M = static_cast<int>(n), N = static_cast<int>(m), K = static_cast<int>(k);
+    const int la = static_cast<int>(lda), lb = static_cast<int>(ldb), lc = static_cast<int>(ldc);
+    if constexpr (is_f) {
+      sgemm_(&cb, &ca, &M, &N, &K, &alpha, B, &lb, A, &la, &beta, C, &lc);
+    } else {
+      dgemm_(&cb, &ca, &M, &N, &K, &alpha, B, &lb, A, &la, &beta, C, &lc);
+    }
+    return;
+  }
+  const auto opt = at::TensorOptions().dtype(c10::CppTypeToScalarType<scalar_t>::value);
+  auto mat = [&](const scalar_t* p, int64_t r, int64_t c, int64_t ld, bool t) {
+    at::Tensor x = at::from_blob(const_cast<scalar_t*>(p), {t ? c : r, t ? r : c}, {ld, 1}, opt);
+    return t ? x.t() : x;
+  };
+  at::Tensor Cv = at::from_blob(C, {m, n}, {ldc, 1}, opt);
+  if (k == 0) {
+    if (beta == scalar_t(0)) Cv.zero_(); else Cv.mul_(beta);
+    return;
+  }
+  Cv.addmm_(mat(A, m, k, lda, ta), mat(B, k, n, ldb, tb), beta, alpha);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise SiLU steps, vectorised for fp32: exp(x) by range reduction (x = n ln2 + r, |r| <=
+// ln2 / 2) and a degree-6 polynomial (~1 ulp, Cephes' expf coefficients), plain loops that GCC
+// vectorises (8-wide in the AVX2 clone picked at load time; the extension is built for the
+// baseline ISA).  fp64 keeps std::exp.
+__attribute__((always_inline)) inline float exp_f32(float x) {
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);  // no std::min/max: they would not inline into the clone
+  // round to nearest by the 1.5 * 2^23 trick (|x log2 e| < 2^22; vectorises, unlike nearbyintf)
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// The loops are branch-free: a masked element has scale 0, and every factor next to it is finite
+// (1 + exp(-z) lies in [1, 1 + e^87]), so it comes out as 0 without a select.  no-trapping-math
+// lets GCC if-convert exp_f32's clamp; "avx2" is the clone picked on AVX2 machines.
+#define TRA_SILU_VECTOR __attribute__((target_clones("avx2", "default"), optimize("no-trapping-math")))
+
+// forward: s <- silu(alpha s + bias) * scale   (scale = valid / N)
+TRA_SILU_VECTOR
+void silu_fwd_f32(float* __restrict s, const float* __restrict bias, const float* __restrict scale,
+                  float alpha, int64_t e) {
+  for (int64_t x = 0; x < e; ++x) {
+    const float z = alpha * s[x] + bias[x];
+    s[x] = z * scale[x] / (1.0f + exp_f32(-z));
+  }
+}
+
+// backward: p <- silu(z) * scale, d <- dP silu'(z) * scale, gsum += d   (z = alpha s + bias)
+TRA_SILU_VECTOR
+void silu_bwd_f32(const float* __restrict s, const float* __restrict bias, const float* __restrict scale,
+                  float alpha, int64_t e, float* __restrict p, float* __restrict d, float* __restrict gsum) {
+  for (int64_t x = 0; x < e; ++x) {
+    const float z = alpha * s[x] + bias[x];
+    const float sig = 1.0f / (1.0f + exp_f32(-z));
+    p[x] = z * sig * scale[x];
+    const float dv = d[x] * scale[x] * sig * (1.0f + z * (1.0f - sig));
+    d[x] = dv;
+    gsum[x] += dv;
+  }
+}
+#undef TRA_SILU_VECTOR
+
+template <typename scalar_t>
+void silu_fwd(scalar_t* s, const scalar_t* bias, const scalar_t* scale, scalar_t alpha, int64_t e) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    silu_fwd_f32(s, bias, scale, alpha, e);
+  } else {
+    for (int64_t x = 0; x < e; ++x) {
+      const scalar_t z = alpha * s[x] + bias[x];
+      s[x] = scale[x] == scalar_t(0) ? scalar_t(0) : z / (scalar_t(1) + std::exp(-z)) * scale[x];
+    }
+  }
+}
+
+template <typename scalar_t>
+void silu_bwd(const scalar_t* s, const scalar_t* bias, const scalar_t* scale, scalar_t alpha, int64_t e,
+              scalar_t* p, scalar_t* d, scalar_t* gsum) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    silu_bwd_f32(s, bias, scale, alpha, e, p, d, gsum);
+  } else {
+    for (int64_t x = 0; x < e; ++x) {
+      if (scale[x] == scalar_t(0)) {
+        p[x] = 0;
+        d[x] = 0;
+        continue;
+      }
+      const scalar_t z = alpha * s[x] + bias[x];
+      const scalar_t sig = scalar_t(1) / (scalar_t(1) + std::exp(-z));
+      p[x] = z * sig * scale[x];
+      d[x] = d[x] * scale[x] * sig * (scalar_t(1) + z * (scalar_t(1) - sig));
+      gsum[x] += d[x];
+    }
+  }
+}
+
 // Everything a task needs about the batch, raw pointers only (no tensor ops on shared state).
 template <typename scalar_t>
 struct Problem {
@@ -113,14 +248,17 @@ struct Problem {
       const int64_t tq = ts ? ts[s0 + std::min(i + 1, n - 1)] : 0;
       scalar_t* brow = bias + r * w;
       scalar_t* srow = scale + r * w;
-      for (int64_t c = 0; c < w; ++c) {
-        const int64_t j = j0 + c;
-        scalar_t v = 0;
-        if (pos_w) v += pos_w[max_seq_len - 1 + j - i];
-        if (ts_w) v += ts_w[(*bucketer)(tq - ts[s0 + j])];
-        brow[c] = v;
-        srow[c] = valid(i, j, n, ntb) ? inv : scalar_t(0);
+      if (pos_w) {
+        const scalar_t* prow = pos_w + (max_seq_len - 1 + j0 - i);  // pos_w[msl - 1 + j - i], j = j0 + c
+        std::copy(prow, prow + w, brow);
+      } else {
+        std::fill(brow, brow + w, scalar_t(0));
       }
+      if (ts_w) {
+        const int64_t* tk = ts + s0 + j0;
+        for (int64_t c = 0; c < w; ++c) brow[c] += ts_w[(*bucketer)(tq - tk[c])];
+      }
+      for (int64_t c = 0; c < w; ++c) srow[c] = valid(i, j0 + c, n, ntb) ? inv : scalar_t(0);
     }
   }
 
@@ -148,16 +286,8 @@ void zero_rows(scalar_t* base, int64_t r0, int64_t r1, int64_t row) {
   if (r1 > r0) std::fill(base + r0 * row, base + r1 * row, scalar_t(0));
 }
 
-// [rows, cols] view of head h of rows [r0, r0 + rows) of a jagged [T, H, d] buffer
-template <typename scalar_t>
-at::Tensor view(scalar_t* base, int64_t r0, int64_t rows, int64_t h, int64_t H, int64_t d,
-                const at::TensorOptions& opt) {
-  return at::from_blob(base + (r0 * H + h) * d, {rows, d}, {H * d, 1}, opt);
-}
-
 template <typename scalar_t>
 void forward_impl(const Problem<scalar_t>& P, scalar_t* q, scalar_t* k, scalar_t* v, scalar_t* out) {
-  const at::TensorOptions opt = at::TensorOptions().dtype(c10::CppTypeToScalarType<scalar_t>::value);
   struct Task { int64_t b, i0; int64_t cost; };
   std::vector<Task> tasks;
   for (int64_t b = 0; b < P.B; ++b) {
@@ -181,17 +311,15 @@ void forward_impl(const Problem<scalar_t>& P, scalar_t* q, scalar_t* k, scalar_t
       scale.resize(m * kend);
       sbuf.resize(m * kend);
       P.tile(b, i0, m, 0, kend, bias.data(), scale.data());
-      at::Tensor S = at::from_blob(sbuf.data(), {m, kend}, opt);
       const scalar_t alpha = static_cast<scalar_t>(P.alpha);
+      const int64_t ldq = P.H * P.dqk, ldv = P.H * P.dv;
       for (int64_t h = 0; h < P.H; ++h) {
-        at::mm_out(S, view(q, s0 + i0, m, h, P.H, P.dqk, opt), view(k, s0, kend, h, P.H, P.dqk, opt).t());
-        scalar_t* s = sbuf.data();
-        for (int64_t e = 0; e < m * kend; ++e) {
-          const scalar_t x = alpha * s[e] + bias[e];
-          s[e] = scale[e] == scalar_t(0) ? scalar_t(0) : x / (scalar_t(1) + std::exp(-x)) * scale[e];
-        }
-        at::Tensor o = view(out, s0 + i0, m, h, P.H, P.dv, opt);
-        at::mm_out(o, S, view(v, s0, kend, h, P.H, P.dv, opt));
+        // S = Q_tile K^T, P = silu(alpha S + bias) * valid / N, O_tile = P V
+        gemm<scalar_t>(false, true, m, kend, P.dqk, 1, q + (s0 + i0) * ldq + h * P.dqk, ldq,
+                       k + s0 * ldq + h * P.dqk, ldq, 0, sbuf.data(), kend);
+        silu_fwd<scalar_t>(sbuf.data(), bias.data(), scale.data(), alpha, m * kend);
+        gemm<scalar_t>(false, false, m, P.dv, kend, 1, sbuf.data(), kend, v + s0 * ldv + h * P.dv, ldv,
+                       0, out + (s0 + i0) * ldv + h * P.dv, ldv);
       }
     }
   }
@@ -201,7 +329,6 @@ template <typename scalar_t>
 void backward_impl(const Problem<scalar_t>& P, scalar_t* go, scalar_t* q, scalar_t* k, scalar_t* v,
                    scalar_t* dq, scalar_t* dk, scalar_t* dv, std::vector<double>& dpos,
                    std::vector<double>& dts) {
-  const at::TensorOptions opt = at::TensorOptions().dtype(c10::CppTypeToScalarType<scalar_t>::value);
   std::vector<int64_t> order(P.B);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return P.len(a) > P.len(b); });
@@ -212,6 +339,7 @@ void backward_impl(const Problem<scalar_t>& P, scalar_t* go, scalar_t* q, scalar
   std::vector<double> dpos_t(P.pos_w ? nthreads * P.npos : 0, 0.0);
   std::vector<double> dts_t(P.ts_w ? nthreads * P.nts : 0, 0.0);
   const scalar_t alpha = static_cast<scalar_t>(P.alpha);
+  const int64_t ldq = P.H * P.dqk, ldv = P.H * P.dv;
 #pragma omp parallel num_threads(nthreads)
   {
     int tid = 0;
@@ -239,34 +367,21 @@ void backward_impl(const Problem<scalar_t>& P, scalar_t* go, scalar_t* q, scalar
           bias.resize(e); scale.resize(e); sb.resize(e); pb.resize(e); dpb.resize(e);
           gsum.assign(e, scalar_t(0));
           P.tile(b, r0, m, j0, w, bias.data(), scale.data());
-          at::Tensor S = at::from_blob(sb.data(), {m, w}, opt);
-          at::Tensor Pm = at::from_blob(pb.data(), {m, w}, opt);
-          at::Tensor dP = at::from_blob(dpb.data(), {m, w}, opt);
           for (int64_t h = 0; h < P.H; ++h) {
-            at::Tensor qh = view(q, s0 + r0, m, h, P.H, P.dqk, opt);
-            at::Tensor kh = view(k, s0 + j0, w, h, P.H, P.dqk, opt);
-            at::Tensor vh = view(v, s0 + j0, w, h, P.H, P.dv, opt);
-            at::Tensor goh = view(go, s0 + r0, m, h, P.H, P.dv, opt);
-            at::mm_out(S, qh, kh.t());
-            at::mm_out(dP, goh, vh.t());
-            scalar_t* s = sb.data();
-            scalar_t* p = pb.data();
-            scalar_t* d = dpb.data();
-            for (int64_t x = 0; x < e; ++x) {
-              if (scale[x] == scalar_t(0)) {
-                p[x] = 0;
-                d[x] = 0;
-                continue;
-              }
-              const scalar_t z = alpha * s[x] + bias[x];
-              const scalar_t sig = scalar_t(1) / (scalar_t(1) + std::exp(-z));
-              p[x] = z * sig * scale[x];
-              d[x] = d[x] * scale[x] * sig * (scalar_t(1) + z * (scalar_t(1) - sig));
-              gsum[x] += d[x];
-            }
-            view(dv, s0 + j0, w, h, P.H, P.dv, opt).addmm_(Pm.t(), goh);
-            view(dk, s0 + j0, w, h, P.H, P.dqk, opt).addmm_(dP.t(), qh, 1, P.alpha);
-            view(dq, s0 + r0, m, h, P.H, P.dqk, opt).addmm_(dP, kh, 1, P.alpha);
+            const scalar_t* qh = q + (s0 + r0) * ldq + h * P.dqk;
+            const scalar_t* kh = k + (s0 + j0) * ldq + h * P.dqk;
+            const scalar_t* vh = v + (s0 + j0) * ldv + h * P.dv;
+            const scalar_t* goh = go + (s0 + r0) * ldv + h * P.dv;
+            gemm<scalar_t>(false, true, m, w, P.dqk, 1, qh, ldq, kh, ldq, 0, sb.data(), w);     // S = Q K^T
+            gemm<scalar_t>(false, true, m, w, P.dv, 1, goh, ldv, vh, ldv, 0, dpb.data(), w);   // dP = dO V^T
+            silu_bwd<scalar_t>(sb.data(), bias.data(), scale.data(), alpha, e, pb.data(), dpb.data(),
+                               gsum.data());
+            gemm<scalar_t>(true, false, w, P.dv, m, 1, pb.data(), w, goh, ldv, 1,                // dv += P^T dO
+                           dv + (s0 + j0) * ldv + h * P.dv, ldv);
+            gemm<scalar_t>(true, false, w, P.dqk, m, alpha, dpb.data(), w, qh, ldq, 1,           // dk += a dS^T Q
+                           dk + (s0 + j0) * ldq + h * P.dqk, ldq);
+            gemm<scalar_t>(false, false, m, P.dqk, w, alpha, dpb.data(), w, kh, ldq, 1,          // dq += a dS K
+                           dq + (s0 + r0) * ldq + h * P.dqk, ldq);
           }
           if (P.pos_w || P.ts_w) P.tile_grad(b, r0, m, j0, w, gsum.data(), scale.data(), my_dpos, my_dts);
         }
