@@ -11,6 +11,10 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -61,6 +65,41 @@ std::vector<int64_t> offsets_of(const std::vector<int64_t>& lengths, const char*
   return off;
 }
 
+// out[j] = base + j for j in [0, len): the fill of offsets_range / expand_into_jagged_permute.
+// SSE2 (every x86-64) stores four entries per step; elsewhere a 4-way unrolled scalar loop.
+template <typename index_t>
+inline void fill_iota(index_t* __restrict__ out, int64_t len, int64_t base) {
+  int64_t j = 0;
+#if defined(__SSE2__)
+  if constexpr (sizeof(index_t) == 8) {
+    __m128i v0 = _mm_set_epi64x(base + 1, base), v1 = _mm_set_epi64x(base + 3, base + 2);
+    const __m128i step = _mm_set1_epi64x(4);
+    for (; j + 4 <= len; j += 4) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), v0);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j + 2), v1);
+      v0 = _mm_add_epi64(v0, step);
+      v1 = _mm_add_epi64(v1, step);
+    }
+  } else {
+    const auto b = static_cast<int32_t>(base);
+    __m128i v = _mm_set_epi32(b + 3, b + 2, b + 1, b);
+    const __m128i step = _mm_set1_epi32(4);
+    for (; j + 4 <= len; j += 4) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), v);
+      v = _mm_add_epi32(v, step);
+    }
+  }
+#else
+  for (; j + 4 <= len; j += 4) {
+    out[j] = static_cast<index_t>(base + j);
+    out[j + 1] = static_cast<index_t>(base + j + 1);
+    out[j + 2] = static_cast<index_t>(base + j + 2);
+    out[j + 3] = static_cast<index_t>(base + j + 3);
+  }
+#endif
+  for (; j < len; ++j) out[j] = static_cast<index_t>(base + j);
+}
+
 // Bytes of one row (dim-0 slice) of a contiguous tensor.
 int64_t row_bytes(const at::Tensor& t) {
   int64_t inner = 1;
@@ -75,32 +114,38 @@ at::Tensor empty_rows(const at::Tensor& like, int64_t rows) {
   return at::empty(shape, like.options());
 }
 
-// Segment copy: out rows [dst[s], dst[s] + len[s]) = in rows [src[s], ...), for every segment s.
-// Parallel over segments; `work` (moved rows) decides whether to use threads.
-void copy_segments(const at::Tensor& in, at::Tensor& out, const std::vector<int64_t>& src,
-                   const std::vector<int64_t>& dst, const std::vector<int64_t>& len) {
-  const int64_t rb = row_bytes(in);
+// Segment copy: out rows [dst[s], dst[s] + len[s]) = in rows [src[s], ...), for every segment s,
+// of the values and (when given) the weights in the same pass.  Parallel over segments; `work`
+// (moved rows) decides whether to use threads.  Returns the weights' output.
+c10::optional<at::Tensor> copy_segments(const at::Tensor& in, at::Tensor& out,
+                                        const c10::optional<at::Tensor>& w_in,
+                                        const std::vector<int64_t>& src,
+                                        const std::vector<int64_t>& dst,
+                                        const std::vector<int64_t>& len) {
+  at::Tensor w, w_out;
+  if (w_in.has_value()) {
+    w = w_in->contiguous();
+    w_out = empty_rows(w, out.size(0));
+  }
+  const int64_t rb = row_bytes(in), wb = w.defined() ? row_bytes(w) : 0;
   const int64_t n_seg = static_cast<int64_t>(len.size());
-  if (rb == 0 || n_seg == 0 || out.numel() == 0) return;
-  const char* ip = static_cast<const char*>(in.data_ptr());
-  char* op = static_cast<char*>(out.data_ptr());
-  const int64_t total = out.size(0);
-  parallel_over(n_seg, total * std::max<int64_t>(rb / 4, 1), [&](int64_t s0, int64_t s1) {
-    for (int64_t s = s0; s < s1; ++s) {
-      if (len[s] > 0) std::memcpy(op + dst[s] * rb, ip + src[s] * rb, len[s] * rb);
-    }
-  });
-}
-
-c10::optional<at::Tensor> copy_segments_opt(const c10::optional<at::Tensor>& in, int64_t rows,
-                                            const std::vector<int64_t>& src,
-                                            const std::vector<int64_t>& dst,
-                                            const std::vector<int64_t>& len) {
-  if (!in.has_value()) return c10::nullopt;
-  auto c = in->contiguous();
-  auto out = empty_rows(c, rows);
-  copy_segments(c, out, src, dst, len);
-  return out;
+  if (n_seg > 0 && out.size(0) > 0 && rb + wb > 0) {
+    const char* ip = static_cast<const char*>(in.data_ptr());
+    char* op = static_cast<char*>(out.data_ptr());
+    const char* wp = wb ? static_cast<const char*>(w.data_ptr()) : nullptr;
+    char* wop = wb ? static_cast<char*>(w_out.data_ptr()) : nullptr;
+    const int64_t total = out.size(0);
+    parallel_over(n_seg, total * std::max<int64_t>(rb / 4, 1), [&](int64_t s0, int64_t s1) {
+      for (int64_t s = s0; s < s1; ++s) {
+        const int64_t l = len[s];
+        if (l <= 0) continue;
+        if (rb) std::memcpy(op + dst[s] * rb, ip + src[s] * rb, l * rb);
+        if (wb) std::memcpy(wop + dst[s] * wb, wp + src[s] * wb, l * wb);
+      }
+    });
+  }
+  if (!w_in.has_value()) return c10::nullopt;
+  return w_out;
 }
 
 void check_rows(const at::Tensor& t, int64_t need, const char* arg, const char* what) {
@@ -133,50 +178,56 @@ using PermuteOut = std::tuple<at::Tensor, at::Tensor, c10::optional<at::Tensor>>
 // KJT paths pass 2-D [T, B] lengths too).
 at::Tensor asynchronous_complete_cumsum_rows(const at::Tensor& t_in) {
   TORCH_CHECK_VALUE(t_in.dim() == 1 || t_in.dim() == 2, "t_in: expected 1-D or 2-D");
-  auto x = t_in.contiguous();
-  const int64_t rows = x.dim() == 2 ? x.size(0) : 1;
-  const int64_t n = x.size(-1);
-  auto shape = x.sizes().vec();
-  shape.back() = n + 1;
-  auto out = at::empty(shape, x.options());
-  dispatch_index(x, "t_in", [&](auto z) {
+  auto x = t_in.expect_contiguous();
+  const int64_t rows = x->dim() == 2 ? x->size(0) : 1;
+  const int64_t n = x->size(-1);
+  auto out = x->dim() == 2 ? at::empty({rows, n + 1}, x->options())
+                           : at::empty({n + 1}, x->options());
+  dispatch_index(*x, "t_in", [&](auto z) {
     using index_t = decltype(z);
-    const index_t* s = x.data_ptr<index_t>();
+    const index_t* s = x->data_ptr<index_t>();
     index_t* d = out.data_ptr<index_t>();
     for (int64_t r = 0; r < rows; ++r) {
+      const index_t* src = s + r * n;
+      index_t* dst = d + r * (n + 1);
       index_t acc = 0;
-      d[r * (n + 1)] = 0;
-      for (int64_t i = 0; i < n; ++i) d[r * (n + 1) + i + 1] = acc += s[r * n + i];
+      dst[0] = 0;
+      for (int64_t i = 0; i < n; ++i) dst[i + 1] = acc += src[i];
     }
   });
   return out;
 }
 
-// Running sum of a 1-D int tensor; `inclusive` chooses whether element i counts itself.
-static at::Tensor running_sum_1d(const at::Tensor& t_in, bool inclusive) {
+// Running sum of a 1-D int tensor; `Inclusive` chooses whether element i counts itself.
+template <bool Inclusive>
+static at::Tensor running_sum_1d(const at::Tensor& t_in) {
   TORCH_CHECK_VALUE(t_in.dim() == 1, "t_in: expected 1-D");
-  auto x = t_in.contiguous();
-  auto out = at::empty_like(x);
-  dispatch_index(x, "t_in", [&](auto z) {
+  auto x = t_in.expect_contiguous();
+  const int64_t n = x->numel();
+  auto out = at::empty({n}, x->options());
+  dispatch_index(*x, "t_in", [&](auto z) {
     using index_t = decltype(z);
-    const index_t* s = x.data_ptr<index_t>();
+    const index_t* s = x->data_ptr<index_t>();
     index_t* d = out.data_ptr<index_t>();
     index_t acc = 0;
-    for (int64_t i = 0; i < x.numel(); ++i) {
-      const index_t before = acc;
-      acc += s[i];
-      d[i] = inclusive ? acc : before;
+    for (int64_t i = 0; i < n; ++i) {
+      if constexpr (Inclusive) {
+        d[i] = acc += s[i];
+      } else {
+        d[i] = acc;
+        acc += s[i];
+      }
     }
   });
   return out;
 }
 
 at::Tensor asynchronous_exclusive_cumsum(const at::Tensor& t_in) {
-  return running_sum_1d(t_in, /*inclusive=*/false);
+  return running_sum_1d<false>(t_in);
 }
 
 at::Tensor asynchronous_inclusive_cumsum(const at::Tensor& t_in) {
-  return running_sum_1d(t_in, /*inclusive=*/true);
+  return running_sum_1d<true>(t_in);
 }
 
 // ------------------------------------------------------------------------------ permutes
@@ -216,8 +267,8 @@ PermuteOut permute_2D_sparse_data(const at::Tensor& permute, const at::Tensor& l
   auto v = values.contiguous();
   auto out_values = empty_rows(v, dst.back());
   dst.pop_back();
-  copy_segments(v, out_values, src, dst, len);
-  return {out_lengths, out_values, copy_segments_opt(weights, out_values.size(0), src, dst, len)};
+  auto out_weights = copy_segments(v, out_values, weights, src, dst, len);
+  return {out_lengths, out_values, out_weights};
 }
 
 PermuteOut permute_1D_sparse_data(const at::Tensor& permute, const at::Tensor& lengths,
@@ -249,27 +300,45 @@ PermuteOut permute_1D_sparse_data(const at::Tensor& permute, const at::Tensor& l
   auto v = values.contiguous();
   auto out_values = empty_rows(v, dst.back());
   dst.pop_back();
-  copy_segments(v, out_values, src, dst, len);
-  return {out_lengths, out_values, copy_segments_opt(weights, out_values.size(0), src, dst, len)};
+  auto out_weights = copy_segments(v, out_values, weights, src, dst, len);
+  return {out_lengths, out_values, out_weights};
 }
 
 at::Tensor invert_permute(const at::Tensor& permute) {
   TORCH_CHECK_VALUE(permute.dim() == 1, "permute: expected 1-D");
-  auto p = permute.contiguous();
-  auto out = at::empty_like(p);
-  const int64_t n = p.numel();
-  dispatch_index(p, "permute", [&](auto z) {
+  auto p = permute.expect_contiguous();
+  const int64_t n = p->numel();
+  auto out = at::empty({n}, p->options());
+  dispatch_index(*p, "permute", [&](auto z) {
     using index_t = decltype(z);
-    const index_t* s = p.data_ptr<index_t>();
+    using uindex_t = std::make_unsigned_t<index_t>;
+    const index_t* s = p->data_ptr<index_t>();
     index_t* d = out.data_ptr<index_t>();
-    parallel_over(n, n, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t j = s[i];
-        TORCH_CHECK_VALUE(j >= 0 && j < n, "permute: entry ", i, " is ", j, ", outside [0, ", n,
-                          ")");
-        d[j] = static_cast<index_t>(i);
-      }
-    });
+    // one pass: out-of-range entries are counted (and written to slot 0, branch-free) and the
+    // call fails after the loop; four loads ahead of the four scattered stores
+    const uint64_t un = static_cast<uint64_t>(n);
+    int64_t bad = 0;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+      const uint64_t a = static_cast<uindex_t>(s[i]), b = static_cast<uindex_t>(s[i + 1]),
+                     c = static_cast<uindex_t>(s[i + 2]), e = static_cast<uindex_t>(s[i + 3]);
+      bad += (a >= un) + (b >= un) + (c >= un) + (e >= un);
+      d[a < un ? a : 0] = static_cast<index_t>(i);
+      d[b < un ? b : 0] = static_cast<index_t>(i + 1);
+      d[c < un ? c : 0] = static_cast<index_t>(i + 2);
+      d[e < un ? e : 0] = static_cast<index_t>(i + 3);
+    }
+    for (; i < n; ++i) {
+      const uint64_t a = static_cast<uindex_t>(s[i]);
+      bad += a >= un;
+      d[a < un ? a : 0] = static_cast<index_t>(i);
+    }
+    if (bad) {
+      int64_t k = 0;
+      while (static_cast<uint64_t>(static_cast<uindex_t>(s[k])) < un) ++k;
+      TORCH_CHECK_VALUE(false, "permute: entry ", k, " is ", static_cast<int64_t>(s[k]),
+                        ", outside [0, ", n, ")");
+    }
   });
   return out;
 }
@@ -296,9 +365,8 @@ at::Tensor expand_into_jagged_permute(const at::Tensor& permute, const at::Tenso
     index_t* d = out.data_ptr<index_t>();
     parallel_over(t, output_size, [&](int64_t t0, int64_t t1) {
       for (int64_t i = t0; i < t1; ++i) {
-        // bounds in locals: d may alias nothing we read, but the compiler cannot know that
-        const int64_t base = in_off[perm[i]] - out_off[i], j0 = out_off[i], j1 = out_off[i + 1];
-        for (int64_t j = j0; j < j1; ++j) d[j] = static_cast<index_t>(base + j);
+        const int64_t j0 = out_off[i];
+        fill_iota(d + j0, out_off[i + 1] - j0, in_off[perm[i]]);
       }
     });
   });
@@ -322,10 +390,13 @@ at::Tensor offsets_range(const at::Tensor& offsets, int64_t range_size) {
     }
     TORCH_CHECK_VALUE(n > 0 ? s[0] == 0 : range_size == 0, "offsets: must start at 0");
     parallel_over(n, range_size, [&](int64_t i0, int64_t i1) {
+      const index_t* starts = s;  // locals: the stores below may not reload them
+      index_t* dst = d;
+      const int64_t count = n, total = range_size;
       for (int64_t i = i0; i < i1; ++i) {
-        const int64_t start = s[i], end = i + 1 < n ? static_cast<int64_t>(s[i + 1]) : range_size;
-        index_t* out = d + start;  // d and s may be the same type: bounds read once, above
-        for (int64_t j = 0; j < end - start; ++j) out[j] = static_cast<index_t>(j);
+        const int64_t start = starts[i];
+        const int64_t end = i + 1 < count ? static_cast<int64_t>(starts[i + 1]) : total;
+        fill_iota(dst + start, end - start, 0);
       }
     });
   });
@@ -395,9 +466,9 @@ std::vector<at::Tensor> keyed_jagged_index_select_dim1(
   auto v = values.contiguous();
   auto out_values = empty_rows(v, dst.back());
   dst.pop_back();
-  copy_segments(v, out_values, src, dst, len);
+  auto out_weights = copy_segments(v, out_values, weights, src, dst, len);
   std::vector<at::Tensor> out = {out_values, out_lengths};
-  if (weights.has_value()) out.push_back(*copy_segments_opt(weights, out_values.size(0), src, dst, len));
+  if (out_weights.has_value()) out.push_back(*out_weights);
   return out;
 }
 
@@ -684,16 +755,19 @@ block_bucketize_sparse_features(const at::Tensor& lengths, const at::Tensor& ind
     using index_t = decltype(z);
     const index_t* x = idx_c.data_ptr<index_t>();
     index_t* ox = out_indices.data_ptr<index_t>();
-    // pass 1: bucket of every id, counts per (bucket, bag)
+    std::vector<index_t> new_id(n);  // pass 1 computes (bucket, new id) once per id
+    // pass 1: bucket and new id of every id, counts per (bucket, bag)
     parallel_over(n_len, n, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k) {
         const int64_t t = bag_table[k];
         for (int64_t i = off[k]; i < off[k + 1]; ++i) {
-          const int64_t p = bk(t, x[i]).first;
+          const auto r = bk(t, x[i]);
+          const int64_t p = r.first;
           TORCH_CHECK_VALUE(p >= 0 && p < my_size, "indices: id ", static_cast<int64_t>(x[i]),
                             " of feature ", t, " maps to bucket ", p, ", outside [0, my_size=",
                             my_size, "): check block_sizes / block_bucketize_pos / total_num_blocks");
           bucket[i] = static_cast<int32_t>(p);
+          new_id[i] = r.second;
           ++count[p * n_len + k];
         }
       }
@@ -716,15 +790,25 @@ block_bucketize_sparse_features(const at::Tensor& lengths, const at::Tensor& ind
     char* owp = out_weights.has_value() ? static_cast<char*>(out_weights->data_ptr()) : nullptr;
     index_t* opos = out_pos.has_value() ? out_pos->data_ptr<index_t>() : nullptr;
     index_t* unb = unbucketize.has_value() ? unbucketize->data_ptr<index_t>() : nullptr;
+    // one weight row: a 4- or 8-byte load/store where it is one (not a memcpy call per id)
+    auto copy_weight = [wb, wp, owp](int64_t to, int64_t from) {
+      if (wb == 4) {
+        std::memcpy(owp + to * 4, wp + from * 4, 4);
+      } else if (wb == 8) {
+        std::memcpy(owp + to * 8, wp + from * 8, 8);
+      } else {
+        std::memcpy(owp + to * wb, wp + from * wb, wb);
+      }
+    };
     parallel_over(n_len, n, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k) {
-        const int64_t t = bag_table[k];
-        for (int64_t i = off[k]; i < off[k + 1]; ++i) {
-          const int64_t p = bucket[i];
-          const int64_t dst = cursor[p * n_len + k]++;
-          ox[dst] = bk(t, x[i]).second;
-          if (owp) std::memcpy(owp + dst * wb, wp + i * wb, wb);
-          if (opos) opos[dst] = static_cast<index_t>(i - off[k]);
+        const int64_t i0 = off[k], i1 = off[k + 1];
+        int64_t* cur = cursor.data() + k;
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t dst = cur[bucket[i] * n_len]++;
+          ox[dst] = new_id[i];
+          if (owp) copy_weight(dst, i);
+          if (opos) opos[dst] = static_cast<index_t>(i - i0);
           if (unb) unb[i] = static_cast<index_t>(dst);
         }
       }
