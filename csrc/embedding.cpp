@@ -15,6 +15,8 @@
 #include <ATen/OpMathType.h>
 #include <torch/extension.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -87,6 +89,60 @@ void check_offsets(const std::vector<int64_t>& offs, int64_t n_bags, int64_t N) 
   }
 }
 
+// o[0, D) += sum_i s[i] * rows[i][0, D) (s == nullptr: all 1), fp32 with AVX2/FMA: columns in
+// blocks of 64 held in eight registers across all rows of the bag (the output is read and written
+// once per block, not once per row); the same block of row i + kAhead is prefetched (rows[] may
+// run past n into the next bags: n_ahead rows are readable).
+__attribute__((target("avx2,fma")))
+void pool_f32_avx2(float* o, const float* const* rows, const float* s, int64_t n, int64_t n_ahead, int64_t D) {
+  int64_t d0 = 0;
+  for (; d0 + 64 <= D; d0 += 64) {
+    __m256 a[8];
+    for (int j = 0; j < 8; ++j) a[j] = _mm256_loadu_ps(o + d0 + 8 * j);
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + kAhead < n_ahead) {
+        const char* p = reinterpret_cast<const char*>(rows[i + kAhead] + d0);
+        for (int c = 0; c < 256; c += 64) _mm_prefetch(p + c, _MM_HINT_T0);
+      }
+      const float* r = rows[i] + d0;
+      const __m256 sv = _mm256_set1_ps(s ? s[i] : 1.0f);
+      for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(sv, _mm256_loadu_ps(r + 8 * j), a[j]);
+    }
+    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(o + d0 + 8 * j, a[j]);
+  }
+  if (d0 < D) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float f = s ? s[i] : 1.0f;
+      for (int64_t d = d0; d < D; ++d) o[d] += f * rows[i][d];
+    }
+  }
+}
+
+const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+
+// Prefetches the row of position i + kAhead while position i is summed, across bag ends (short
+// bags are the common case: stopping at a bag's end would leave their rows unfetched).  Bags
+// [k0, k1) cover positions [offs[k0], offs[k1]); advance() is called with ascending i.
+template <typename scalar_t, typename index_t>
+struct RowPrefetcher {
+  const std::vector<int64_t>& offs;
+  const std::vector<int64_t>& w_off;
+  const int64_t* dims;  // per feature, or nullptr: every feature has dim D
+  int64_t D, B, end, wn;
+  const scalar_t* wp;
+  const index_t* ip;
+  int64_t kp;  // bag of the prefetched position
+
+  void advance(int64_t i) {
+    const int64_t j = i + kAhead;
+    if (j >= end) return;
+    while (offs[kp + 1] <= j) ++kp;
+    const int64_t t = kp / B, Dt = dims ? dims[t] : D;
+    const int64_t next = w_off[t] + static_cast<int64_t>(ip[j]) * Dt;
+    if (next >= 0 && next + Dt <= wn) prefetch_row(wp + next, Dt);
+  }
+};
+
 template <typename index_t>
 void check_row(int64_t start, int64_t D, int64_t numel, int64_t pos, index_t idx) {
   TORCH_CHECK_VALUE(idx >= 0 && start >= 0 && start + D <= numel, "indices: indices[", pos, "]=",
@@ -117,6 +173,8 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
   }
   check_offsets(offs, T * B, N);
   const int64_t wn = w.numel();
+  std::vector<int64_t> dims(T);
+  for (int64_t t = 0; t < T; ++t) dims[t] = d_off[t + 1] - d_off[t];
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, w.scalar_type(), "tbe_pooled", [&] {
     using acc = at::opmath_type<scalar_t>;
     const scalar_t* wp = w.data_ptr<scalar_t>();
@@ -125,19 +183,38 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
     AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "tbe_pooled_idx", [&] {
       const index_t* ip = indices.data_ptr<index_t>();
       const int64_t work = (offs[T * B] - offs[0]) * std::max<int64_t>(total_D / T, 1);
+      constexpr bool kF32 = std::is_same_v<scalar_t, float>;
       parallel_over(T * B, work, [&](int64_t k0, int64_t k1) {
+        RowPrefetcher<scalar_t, index_t> ahead{offs, w_off, dims.data(), 0, B, offs[k1], wn, wp, ip, k0};
+        // fp32 on AVX2: the chunk's row pointers first (checked), then the blocked sum per bag
+        thread_local std::vector<const float*> rows;  // reused: no page faults per call
+        if (kF32 && kHaveAvx2) {
+          rows.resize(offs[k1] - offs[k0]);
+          for (int64_t k = k0; k < k1; ++k) {
+            const int64_t t = k / B, D = dims[t];
+            for (int64_t i = offs[k]; i < offs[k + 1]; ++i) {
+              const int64_t start = w_off[t] + static_cast<int64_t>(ip[i]) * D;
+              check_row(start, D, wn, i, ip[i]);
+              rows[i - offs[k0]] = reinterpret_cast<const float*>(wp) + start;
+            }
+          }
+        }
         for (int64_t k = k0; k < k1; ++k) {
           const int64_t t = k / B, b = k % B;
           const int64_t D = d_off[t + 1] - d_off[t];
           acc* o = op + b * total_D + d_off[t];
-          for (int64_t i = offs[k]; i < offs[k + 1]; ++i) {
-            const int64_t start = w_off[t] + static_cast<int64_t>(ip[i]) * D;
-            check_row(start, D, wn, i, ip[i]);
-            if (i + kAhead < offs[k + 1]) {
-              const int64_t next = w_off[t] + static_cast<int64_t>(ip[i + kAhead]) * D;
-              if (next >= 0 && next + D <= wn) prefetch_row(wp + next, D);
+          if (kF32 && kHaveAvx2) {
+            const int64_t first = offs[k] - offs[k0];
+            pool_f32_avx2(reinterpret_cast<float*>(o), rows.data() + first,
+                          iwp ? reinterpret_cast<const float*>(iwp) + offs[k] : nullptr, offs[k + 1] - offs[k],
+                          static_cast<int64_t>(rows.size()) - first, D);
+          } else {
+            for (int64_t i = offs[k]; i < offs[k + 1]; ++i) {
+              const int64_t start = w_off[t] + static_cast<int64_t>(ip[i]) * D;
+              check_row(start, D, wn, i, ip[i]);
+              ahead.advance(i);
+              axpy<acc, scalar_t>(o, wp + start, iwp ? iwp[i] : acc(1), D);
             }
-            axpy<acc, scalar_t>(o, wp + start, iwp ? iwp[i] : acc(1), D);
           }
           const int64_t L = offs[k + 1] - offs[k];
           if (pooling_mode == kPoolMean && L > 0) {
@@ -168,7 +245,8 @@ at::Tensor nobag(const at::Tensor& weights_in, const at::Tensor& weights_offsets
   const int64_t end = T * B > 0 ? offs[T * B] : 0;
   const int64_t wn = w.numel();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, w.scalar_type(), "tbe_nobag", [&] {
-    const scalar_t* wp = w.data_ptr<scalar_t>();
+    using w_t = scalar_t;
+    const w_t* wp = w.data_ptr<w_t>();
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dt, "tbe_nobag_out", [&] {
       using out_t = scalar_t;
       out_t* op = out.data_ptr<out_t>();
@@ -178,11 +256,13 @@ at::Tensor nobag(const at::Tensor& weights_in, const at::Tensor& weights_offsets
         for (int64_t i = std::max<int64_t>(end, 0); i < N; ++i) std::fill(op + i * D, op + (i + 1) * D, out_t(0));
         for (int64_t i = 0; i < std::min(offs[0], N); ++i) std::fill(op + i * D, op + (i + 1) * D, out_t(0));
         parallel_over(T * B, (end - offs[0]) * D, [&](int64_t k0, int64_t k1) {
+          RowPrefetcher<w_t, index_t> ahead{offs, w_off, nullptr, D, B, offs[k1], wn, wp, ip, k0};
           for (int64_t k = k0; k < k1; ++k) {
             const int64_t t = k / B;
             for (int64_t i = offs[k]; i < offs[k + 1]; ++i) {
               const int64_t start = w_off[t] + static_cast<int64_t>(ip[i]) * D;
               check_row(start, D, wn, i, ip[i]);
+              ahead.advance(i);
               const auto* row = wp + start;
               out_t* o = op + i * D;
               for (int64_t d = 0; d < D; ++d) o[d] = static_cast<out_t>(row[d]);
@@ -526,12 +606,14 @@ at::Tensor dense_forward(const at::Tensor& w, const at::Tensor& w_off, const at:
 }
 
 // (gradient of the weights, like them; gradient of the per-index weights, or an empty tensor
-// when there are none or the lookup is a sequence one).
+// when there are none, the lookup is a sequence one, or !want_giw).  The weights' values are
+// read only for the per-index weights' gradient (w may be a zero-strided stand-in otherwise).
 std::tuple<at::Tensor, at::Tensor> dense_backward(const at::Tensor& grad_in, const at::Tensor& w,
                                                   const at::Tensor& w_off, const at::Tensor& D_offsets,
                                                   int64_t max_D, const at::Tensor& indices_in,
                                                   const at::Tensor& offsets, int64_t pooling_mode,
-                                                  const at::Tensor& iw_in, const at::Tensor& frg) {
+                                                  const at::Tensor& iw_in, const at::Tensor& frg,
+                                                  bool want_giw = true) {
   const bool nobag = pooling_mode == kPoolNone;
   const auto L = describe(w_off, nobag ? at::Tensor() : D_offsets, max_D, offsets, indices_in.numel(),
                           pooling_mode);
@@ -557,7 +639,7 @@ std::tuple<at::Tensor, at::Tensor> dense_backward(const at::Tensor& grad_in, con
     });
   });
   at::Tensor giw = at::empty({0}, iw_in.defined() ? iw_in.options() : grad_in.options());
-  if (weighted && !nobag) {
+  if (weighted && !nobag && want_giw) {
     giw = grad_indice_weights(grad_in, w, L, indices, frg).to(iw_in.scalar_type());
   }
   return {gw, giw};
@@ -573,7 +655,13 @@ struct DenseLookupFn : public torch::autograd::Function<DenseLookupFn> {
                             const at::Tensor& offsets, int64_t pooling_mode,
                             const c10::optional<at::Tensor>& frg_opt, int64_t output_dtype) {
     const at::Tensor iw = iw_opt.value_or(at::Tensor());
-    ctx->save_for_backward({w, w_off, D_offsets, indices, offsets});
+    // the weights are read only for the per-index weights' gradient: saved only then, so an
+    // optimizer step between forward and backward (TorchRec's semi-sync pipeline on
+    // data-parallel tables) leaves the graph valid
+    const bool need_w = iw.defined() && iw.requires_grad();
+    ctx->save_for_backward({need_w ? w : at::zeros({}, w.options()), w_off, D_offsets, indices, offsets});
+    ctx->saved_data["need_w"] = need_w;
+    ctx->saved_data["w_sizes"] = w.sizes().vec();
     ctx->saved_data["iw"] = iw_opt;  // (save_for_backward refuses undefined tensors here)
     ctx->saved_data["frg"] = frg_opt;
     ctx->saved_data["max_D"] = max_D;
@@ -586,11 +674,13 @@ struct DenseLookupFn : public torch::autograd::Function<DenseLookupFn> {
     const auto s = ctx->get_saved_variables();
     const auto iw = ctx->saved_data["iw"].toOptional<at::Tensor>().value_or(at::Tensor());
     const auto frg = ctx->saved_data["frg"].toOptional<at::Tensor>().value_or(at::Tensor());
-    auto [gw, giw] = dense_backward(grads[0], s[0], s[1], s[2], ctx->saved_data["max_D"].toInt(), s[3], s[4],
-                                    ctx->saved_data["pooling_mode"].toInt(), iw, frg);
+    const bool need_w = ctx->saved_data["need_w"].toBool();
+    const auto w = need_w ? s[0] : s[0].expand(ctx->saved_data["w_sizes"].toIntVector());
+    auto [gw, giw] = dense_backward(grads[0], w, s[1], s[2], ctx->saved_data["max_D"].toInt(), s[3], s[4],
+                                    ctx->saved_data["pooling_mode"].toInt(), iw, frg, need_w);
     torch::autograd::variable_list out(11);
     out[0] = gw;
-    if (iw.defined() && giw.numel() > 0) out[1] = giw;
+    if (need_w && giw.numel() > 0) out[1] = giw;
     return out;
   }
 };
@@ -765,9 +855,9 @@ void bind_embedding(pybind11::module& m) {
   m.def("dense_lookup_backward",
         [](const at::Tensor& grad, const at::Tensor& w, const at::Tensor& wo, const at::Tensor& Do, int64_t max_D,
            const at::Tensor& idx, const at::Tensor& off, int64_t pm, const c10::optional<at::Tensor>& iw,
-           const c10::optional<at::Tensor>& frg) {
+           const c10::optional<at::Tensor>& frg, bool want_giw) {
           return dense_backward(grad, w, wo, Do, max_D, idx, off, pm, iw.has_value() ? *iw : at::Tensor(),
-                                frg.has_value() ? *frg : at::Tensor());
+                                frg.has_value() ? *frg : at::Tensor(), want_giw);
         });
 }
 

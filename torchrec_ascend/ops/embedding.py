@@ -223,40 +223,51 @@ def _dense_fake(dev_weights, weights_offsets, D_offsets, total_D, max_D, hash_si
 def _dense_setup(ctx, inputs, output):
     (dev_weights, weights_offsets, D_offsets, total_D, max_D, _, _, indices, offsets, pooling_mode,
      indice_weights, feature_requires_grad) = inputs[:12]
-    ctx.save_for_backward(dev_weights, weights_offsets, D_offsets, indices, offsets, indice_weights,
-                          feature_requires_grad)
+    # the weights are read only for the indice-weight gradient: saved only then (an optimizer
+    # step between forward and backward, as in TorchRec's semi-sync pipeline, stays valid)
+    ctx.need_w = indice_weights is not None and indice_weights.requires_grad
+    ctx.save_for_backward(dev_weights if ctx.need_w else None, weights_offsets, D_offsets, indices, offsets,
+                          indice_weights, feature_requires_grad)
+    ctx.w_meta = (dev_weights.shape, dev_weights.dtype, dev_weights.device)
     ctx.max_D, ctx.pooling_mode, ctx.n_inputs = max_D, pooling_mode, len(inputs)
 
 
 def _dense_backward(ctx, grad):
     dev_weights, wo, Do, indices, offsets, iw, frg = ctx.saved_tensors
+    if dev_weights is None:  # a zero-strided stand-in of the right shape: never read
+        shape, dtype, device = ctx.w_meta
+        dev_weights = torch.zeros((), dtype=dtype, device=device).expand(shape)
     gw, giw = _ops.dense_embedding_codegen_lookup_backward(grad.contiguous(), dev_weights, wo, Do, ctx.max_D,
-                                                            indices, offsets, ctx.pooling_mode, iw, frg)
+                                                            indices, offsets, ctx.pooling_mode, iw, frg,
+                                                            ctx.need_w)
     out = [None] * ctx.n_inputs
     out[0] = gw
-    out[10] = giw if iw is not None and int(ctx.pooling_mode) != ref.NONE else None
+    out[10] = giw if ctx.need_w and int(ctx.pooling_mode) != ref.NONE else None
     return tuple(out)
 
 
 # the dense lookup's backward as an op of its own (torchrec_ascend:: only), so that the autograd
 # formula above runs on the registry's backend: (grad of dev_weights, grad of indice_weights, or
-# an empty tensor when there are none / the lookup is a sequence one)
+# an empty tensor when there are none / the lookup is a sequence one / not wanted).  The values of
+# dev_weights are read only for the indice-weight gradient.
 _DENSE_BWD_SCHEMA = ("(Tensor grad_output, Tensor dev_weights, Tensor weights_offsets, Tensor D_offsets, "
                      "SymInt max_D, Tensor indices, Tensor offsets, int pooling_mode, Tensor? indice_weights, "
-                     "Tensor? feature_requires_grad) -> (Tensor, Tensor)")
+                     "Tensor? feature_requires_grad, bool want_indice_weights_grad=True) -> (Tensor, Tensor)")
 
 
 def _dense_bwd_impl(grad_output, dev_weights, weights_offsets, D_offsets, max_D, indices, offsets, pooling_mode,
-                    indice_weights, feature_requires_grad):
+                    indice_weights, feature_requires_grad, want_indice_weights_grad=True):
     gw, giw = ref.dense_lookup_backward(grad_output, dev_weights, weights_offsets, D_offsets, max_D, indices,
                                         offsets, pooling_mode, indice_weights, feature_requires_grad)
-    return gw, giw if giw is not None else (indice_weights if indice_weights is not None else grad_output
-                                            ).new_empty(0)
+    if giw is None or not want_indice_weights_grad:
+        giw = (indice_weights if indice_weights is not None else grad_output).new_empty(0)
+    return gw, giw
 
 
 def _dense_bwd_fake(grad_output, dev_weights, weights_offsets, D_offsets, max_D, indices, offsets, pooling_mode,
-                    indice_weights, feature_requires_grad):
-    if indice_weights is not None and indice_weights.numel() > 0 and int(pooling_mode) != ref.NONE:
+                    indice_weights, feature_requires_grad, want_indice_weights_grad=True):
+    if (want_indice_weights_grad and indice_weights is not None and indice_weights.numel() > 0
+            and int(pooling_mode) != ref.NONE):
         giw = indice_weights.new_empty(indices.shape[0])
     else:
         giw = (indice_weights if indice_weights is not None else grad_output).new_empty(0)
