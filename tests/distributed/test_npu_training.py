@@ -6,7 +6,8 @@ DistributedModelParallel, TorchRec's train pipelines) plus one ``import torchrec
 device is its only argument.  On npu (the real device with torch_npu, the simulated one without:
 fbgemm ops served only by our PrivateUse1 kernels) it trains 4 steps under table_wise, row_wise,
 column_wise, data_parallel (world 2) and table_row_wise (world 4, LOCAL_WORLD_SIZE=2), through
-TrainPipelineSparseDist and TrainPipelineSemiSync; the same runs on cpu with fbgemm's kernels
+TrainPipelineSparseDist and TrainPipelineSemiSync (world 2 also TrainPipelineBase and
+TrainPipelineFusedSparseDist); the same runs on cpu with fbgemm's kernels
 are the reference (semi-sync against semi-sync: its lookups run one step ahead of the update).
 
 Tolerance: 1e-6 absolute + 1e-5 relative on every loss and every embedding weight (fp32;
@@ -30,6 +31,7 @@ from torchrec_ascend.testing import torchrec_workload as W  # noqa: E402
 from torchrec_ascend.testing.multiprocess import rank_device, run_multiprocess  # noqa: E402
 
 PIPELINES = ("sparse_dist", "semi_sync")
+ALL_PIPELINES = ("base", "sparse_dist", "semi_sync", "fused_sparse_dist")  # world 2 runs them all
 STEPS = 4
 ATOL, RTOL = 1e-6, 1e-5
 
@@ -40,12 +42,12 @@ pytestmark = [
 ]
 
 
-def _worker(rank: int, world_size: int, device_type: str, shardings: Sequence[str]
-            ) -> Dict[Tuple[str, str], dict]:
+def _worker(rank: int, world_size: int, device_type: str, shardings: Sequence[str],
+            pipelines: Sequence[str]) -> Dict[Tuple[str, str], dict]:
     device = rank_device(device_type, int(os.environ["LOCAL_RANK"]))
     out = {}
     for sharding in shardings:
-        for pipeline in PIPELINES:
+        for pipeline in pipelines:
             ctx = W.fbgemm_cpu_kernels(sharding) if device_type == "cpu" else _null()
             with ctx:
                 out[(sharding, pipeline)] = W.train(device, sharding, pipeline, STEPS)
@@ -59,9 +61,10 @@ def _null():
     return contextlib.nullcontext()
 
 
-def _run_and_compare(world: int, shardings: Sequence[str]) -> None:
-    npu = run_multiprocess(_worker, world, ("npu", shardings), local_world_size=2, device_type="npu")
-    cpu = run_multiprocess(_worker, world, ("cpu", shardings), local_world_size=2)
+def _run_and_compare(world: int, shardings: Sequence[str], pipelines: Sequence[str]) -> None:
+    npu = run_multiprocess(_worker, world, ("npu", shardings, pipelines), local_world_size=2,
+                           device_type="npu")
+    cpu = run_multiprocess(_worker, world, ("cpu", shardings, pipelines), local_world_size=2)
     init = W.initial_state()
     for key in cpu[0]:
         where = "/".join(key)
@@ -80,11 +83,11 @@ def _run_and_compare(world: int, shardings: Sequence[str]) -> None:
 
 
 def test_npu_training_world2_matches_cpu_fbgemm():
-    _run_and_compare(2, ("table_wise", "row_wise", "column_wise", "data_parallel"))
+    _run_and_compare(2, ("table_wise", "row_wise", "column_wise", "data_parallel"), ALL_PIPELINES)
 
 
 def test_npu_training_table_row_wise_world4_matches_cpu_fbgemm():
-    _run_and_compare(4, ("table_row_wise",))
+    _run_and_compare(4, ("table_row_wise",), PIPELINES)
 
 
 def _failing_worker(rank: int, world_size: int) -> None:
