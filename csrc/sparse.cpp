@@ -8,6 +8,7 @@
 // parallel.h: small inputs stay on the calling thread).  Values of any dtype are moved as bytes.
 // Inconsistent structure (negative lengths, sums that do not match the values) is a
 // ValueError, never an out-of-bounds access.
+#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -100,6 +101,11 @@ inline void fill_iota(index_t* __restrict__ out, int64_t len, int64_t base) {
   for (; j < len; ++j) out[j] = static_cast<index_t>(base + j);
 }
 
+// A new CPU tensor of `like`'s dtype, without a dispatcher round trip (~0.3 us of a 3 us op).
+at::Tensor new_cpu(at::IntArrayRef shape, const at::Tensor& like) {
+  return at::Tensor(at::detail::empty_cpu(shape, like.scalar_type()));
+}
+
 // Bytes of one row (dim-0 slice) of a contiguous tensor.
 int64_t row_bytes(const at::Tensor& t) {
   int64_t inner = 1;
@@ -111,7 +117,17 @@ int64_t row_bytes(const at::Tensor& t) {
 at::Tensor empty_rows(const at::Tensor& like, int64_t rows) {
   auto shape = like.sizes().vec();
   shape[0] = rows;
-  return at::empty(shape, like.options());
+  return new_cpu(shape, like);
+}
+
+// n rows of a 4- or 8-byte type: short runs inline, long ones through memcpy (wider stores).
+template <typename T>
+inline void copy_rows(T* __restrict__ out, const T* __restrict__ in, int64_t n) {
+  if (n * static_cast<int64_t>(sizeof(T)) >= 512) {
+    std::memcpy(out, in, n * sizeof(T));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] = in[i];
 }
 
 // Segment copy: out rows [dst[s], dst[s] + len[s]) = in rows [src[s], ...), for every segment s,
@@ -136,6 +152,20 @@ c10::optional<at::Tensor> copy_segments(const at::Tensor& in, at::Tensor& out,
     char* wop = wb ? static_cast<char*>(w_out.data_ptr()) : nullptr;
     const int64_t total = out.size(0);
     parallel_over(n_seg, total * std::max<int64_t>(rb / 4, 1), [&](int64_t s0, int64_t s1) {
+      // the usual KJT: 8-byte ids and 4-byte weights (or none), segments of ~100 rows: an
+      // inline loop per segment beats two memcpy calls
+      if (rb == 8 && (wb == 0 || wb == 4)) {
+        const auto* iv = reinterpret_cast<const uint64_t*>(ip);
+        auto* ov = reinterpret_cast<uint64_t*>(op);
+        const auto* iw = reinterpret_cast<const uint32_t*>(wp);
+        auto* ow = reinterpret_cast<uint32_t*>(wop);
+        for (int64_t s = s0; s < s1; ++s) {
+          const int64_t l = len[s], from = src[s], to = dst[s];
+          copy_rows(ov + to, iv + from, l);
+          if (wb) copy_rows(ow + to, iw + from, l);
+        }
+        return;
+      }
       for (int64_t s = s0; s < s1; ++s) {
         const int64_t l = len[s];
         if (l <= 0) continue;
@@ -181,8 +211,8 @@ at::Tensor asynchronous_complete_cumsum_rows(const at::Tensor& t_in) {
   auto x = t_in.expect_contiguous();
   const int64_t rows = x->dim() == 2 ? x->size(0) : 1;
   const int64_t n = x->size(-1);
-  auto out = x->dim() == 2 ? at::empty({rows, n + 1}, x->options())
-                           : at::empty({n + 1}, x->options());
+  auto out = x->dim() == 2 ? new_cpu({rows, n + 1}, *x)
+                           : new_cpu({n + 1}, *x);
   dispatch_index(*x, "t_in", [&](auto z) {
     using index_t = decltype(z);
     const index_t* s = x->data_ptr<index_t>();
@@ -204,7 +234,7 @@ static at::Tensor running_sum_1d(const at::Tensor& t_in) {
   TORCH_CHECK_VALUE(t_in.dim() == 1, "t_in: expected 1-D");
   auto x = t_in.expect_contiguous();
   const int64_t n = x->numel();
-  auto out = at::empty({n}, x->options());
+  auto out = new_cpu({n}, *x);
   dispatch_index(*x, "t_in", [&](auto z) {
     using index_t = decltype(z);
     const index_t* s = x->data_ptr<index_t>();
@@ -258,7 +288,7 @@ PermuteOut permute_2D_sparse_data(const at::Tensor& permute, const at::Tensor& l
   auto out_len_shape = lengths.sizes().vec();
   out_len_shape[0] = t_out;
   auto lc = lengths.contiguous();
-  auto out_lengths = at::empty(out_len_shape, lc.options());
+  auto out_lengths = new_cpu(out_len_shape, lc);
   const int64_t lb = b * static_cast<int64_t>(lc.element_size());
   const char* lp = static_cast<const char*>(lc.data_ptr());
   char* olp = static_cast<char*>(out_lengths.data_ptr());
@@ -291,7 +321,7 @@ PermuteOut permute_1D_sparse_data(const at::Tensor& permute, const at::Tensor& l
   check_rows(values, off.back(), "values", "the lengths");
   if (weights.has_value()) check_rows(*weights, off.back(), "weights", "the lengths");
 
-  auto out_lengths = at::empty({n_out}, lengths.options());
+  auto out_lengths = new_cpu({n_out}, lengths);
   dispatch_index(lengths, "lengths", [&](auto z) {
     using index_t = decltype(z);
     index_t* p = out_lengths.data_ptr<index_t>();
@@ -308,7 +338,7 @@ at::Tensor invert_permute(const at::Tensor& permute) {
   TORCH_CHECK_VALUE(permute.dim() == 1, "permute: expected 1-D");
   auto p = permute.expect_contiguous();
   const int64_t n = p->numel();
-  auto out = at::empty({n}, p->options());
+  auto out = new_cpu({n}, *p);
   dispatch_index(*p, "permute", [&](auto z) {
     using index_t = decltype(z);
     using uindex_t = std::make_unsigned_t<index_t>;
@@ -359,7 +389,7 @@ at::Tensor expand_into_jagged_permute(const at::Tensor& permute, const at::Tenso
     TORCH_CHECK_VALUE(out_off[i] <= out_off[i + 1] && out_off[i] >= 0,
                       "output_offset: must start at >= 0 and not decrease");
   }
-  auto out = at::empty({output_size}, input_offset.options());
+  auto out = new_cpu({output_size}, input_offset);
   dispatch_index(input_offset, "input_offset", [&](auto z) {
     using index_t = decltype(z);
     index_t* d = out.data_ptr<index_t>();
@@ -376,18 +406,12 @@ at::Tensor expand_into_jagged_permute(const at::Tensor& permute, const at::Tenso
 at::Tensor offsets_range(const at::Tensor& offsets, int64_t range_size) {
   TORCH_CHECK_VALUE(offsets.dim() == 1, "offsets: expected 1-D");
   auto o = offsets.contiguous();
-  auto out = at::empty({range_size}, o.options());
+  auto out = new_cpu({range_size}, o);
   const int64_t n = o.numel();
   dispatch_index(o, "offsets", [&](auto z) {
     using index_t = decltype(z);
     const index_t* s = o.data_ptr<index_t>();
     index_t* d = out.data_ptr<index_t>();
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t end = i + 1 < n ? static_cast<int64_t>(s[i + 1]) : range_size;
-      TORCH_CHECK_VALUE(s[i] >= 0 && s[i] <= end && end <= range_size, "offsets: entry ", i,
-                        " spans [", static_cast<int64_t>(s[i]), ", ", end,
-                        "), outside 0 <= start <= end <= range_size=", range_size);
-    }
     TORCH_CHECK_VALUE(n > 0 ? s[0] == 0 : range_size == 0, "offsets: must start at 0");
     parallel_over(n, range_size, [&](int64_t i0, int64_t i1) {
       const index_t* starts = s;  // locals: the stores below may not reload them
@@ -396,6 +420,9 @@ at::Tensor offsets_range(const at::Tensor& offsets, int64_t range_size) {
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t start = starts[i];
         const int64_t end = i + 1 < count ? static_cast<int64_t>(starts[i + 1]) : total;
+        TORCH_CHECK_VALUE(start >= 0 && start <= end && end <= total, "offsets: entry ", i,
+                          " spans [", start, ", ", end,
+                          "), outside 0 <= start <= end <= range_size=", total);
         fill_iota(dst + start, end - start, 0);
       }
     });
@@ -409,7 +436,7 @@ at::Tensor segment_sum_csr(int64_t batch_size, const at::Tensor& csr_seg, const 
   const auto seg = as_i64(csr_seg, "csr_seg");
   const int64_t n = std::max<int64_t>(static_cast<int64_t>(seg.size()) - 1, 0);
   auto v = values.contiguous();
-  auto out = at::empty({n}, v.options());
+  auto out = new_cpu({n}, v);
   for (int64_t i = 0; i < n; ++i) {
     TORCH_CHECK_VALUE(seg[i] >= 0 && seg[i] <= seg[i + 1] && seg[i + 1] * batch_size <= v.numel(),
                       "csr_seg: segment ", i, " is outside the values");
@@ -457,7 +484,7 @@ std::vector<at::Tensor> keyed_jagged_index_select_dim1(
     }
   }
   auto dst = dst_offsets(len, selected_lengths_sum, "selected_lengths_sum");
-  auto out_lengths = at::empty({keys * n_sel}, lengths.options());
+  auto out_lengths = new_cpu({keys * n_sel}, lengths);
   dispatch_index(lengths, "lengths", [&](auto z) {
     using index_t = decltype(z);
     index_t* p = out_lengths.data_ptr<index_t>();
@@ -737,7 +764,7 @@ block_bucketize_sparse_features(const at::Tensor& lengths, const at::Tensor& ind
   }
 
   auto out_lengths = at::zeros({my_size * n_len}, lengths.options());
-  auto out_indices = at::empty({n}, indices.options());
+  auto out_indices = new_cpu({n}, indices);
   c10::optional<at::Tensor> out_weights, out_pos, unbucketize;
   at::Tensor w;
   if (weights.has_value()) {
@@ -745,8 +772,8 @@ block_bucketize_sparse_features(const at::Tensor& lengths, const at::Tensor& ind
     TORCH_CHECK_VALUE(w.dim() >= 1 && w.size(0) == n, "weights: needs one entry per index");
     out_weights = empty_rows(w, n);
   }
-  if (bucketize_pos) out_pos = at::empty({n}, indices.options());
-  if (sequence) unbucketize = at::empty({n}, indices.options());
+  if (bucketize_pos) out_pos = new_cpu({n}, indices);
+  if (sequence) unbucketize = new_cpu({n}, indices);
   auto idx_c = indices.contiguous();
   std::vector<int32_t> bucket(n);
   std::vector<int64_t> count(my_size * n_len, 0);  // [p * n_len + bag]
