@@ -238,9 +238,10 @@ struct Problem {
   // visible key range [0, kend) of query rows [i0, i1)
   int64_t key_end(int64_t i0, int64_t i1, int64_t n) const { return i0 < ctx ? n : std::min(i1, n); }
 
-  // bias[r * w + c] = rab(i0 + r, j0 + c); scale[...] = valid / N (0 where masked)
+  // bias[r * w + c] = rab(i0 + r, j0 + c); scale[...] = valid / N (0 where masked);
+  // row_end[r] = 1 + the last valid column of row r (0 if none): the elementwise work stops there
   void tile(int64_t b, int64_t i0, int64_t m, int64_t j0, int64_t w, scalar_t* bias,
-            scalar_t* scale) const {
+            scalar_t* scale, int64_t* row_end) const {
     const int64_t n = len(b), s0 = off[b], ntb = nt.empty() ? 0 : nt[b];
     const scalar_t inv = scalar_t(1) / static_cast<scalar_t>(by_len ? std::max<int64_t>(n, 1) : max_seq_len);
     for (int64_t r = 0; r < m; ++r) {
@@ -258,7 +259,13 @@ struct Problem {
         const int64_t* tk = ts + s0 + j0;
         for (int64_t c = 0; c < w; ++c) brow[c] += ts_w[(*bucketer)(tq - tk[c])];
       }
-      for (int64_t c = 0; c < w; ++c) srow[c] = valid(i, j0 + c, n, ntb) ? inv : scalar_t(0);
+      int64_t last = 0;
+      for (int64_t c = 0; c < w; ++c) {
+        const bool ok = valid(i, j0 + c, n, ntb);
+        srow[c] = ok ? inv : scalar_t(0);
+        if (ok) last = c + 1;
+      }
+      row_end[r] = last;
     }
   }
 
@@ -303,6 +310,7 @@ void forward_impl(const Problem<scalar_t>& P, scalar_t* q, scalar_t* k, scalar_t
 #pragma omp parallel
   {
     std::vector<scalar_t> bias, scale, sbuf;
+    std::vector<int64_t> row_end;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < ntask; ++t) {
       const int64_t b = tasks[t].b, i0 = tasks[t].i0, n = P.len(b), s0 = P.off[b];
@@ -310,14 +318,19 @@ void forward_impl(const Problem<scalar_t>& P, scalar_t* q, scalar_t* k, scalar_t
       bias.resize(m * kend);
       scale.resize(m * kend);
       sbuf.resize(m * kend);
-      P.tile(b, i0, m, 0, kend, bias.data(), scale.data());
+      row_end.resize(m);
+      P.tile(b, i0, m, 0, kend, bias.data(), scale.data(), row_end.data());
       const scalar_t alpha = static_cast<scalar_t>(P.alpha);
       const int64_t ldq = P.H * P.dqk, ldv = P.H * P.dv;
       for (int64_t h = 0; h < P.H; ++h) {
         // S = Q_tile K^T, P = silu(alpha S + bias) * valid / N, O_tile = P V
         gemm<scalar_t>(false, true, m, kend, P.dqk, 1, q + (s0 + i0) * ldq + h * P.dqk, ldq,
                        k + s0 * ldq + h * P.dqk, ldq, 0, sbuf.data(), kend);
-        silu_fwd<scalar_t>(sbuf.data(), bias.data(), scale.data(), alpha, m * kend);
+        for (int64_t r = 0; r < m; ++r) {
+          scalar_t* srow = sbuf.data() + r * kend;
+          silu_fwd<scalar_t>(srow, bias.data() + r * kend, scale.data() + r * kend, alpha, row_end[r]);
+          std::fill(srow + row_end[r], srow + kend, scalar_t(0));  // masked tail (causal diagonal)
+        }
         gemm<scalar_t>(false, false, m, P.dv, kend, 1, sbuf.data(), kend, v + s0 * ldv + h * P.dv, ldv,
                        0, out + (s0 + i0) * ldv + h * P.dv, ldv);
       }
@@ -349,6 +362,7 @@ void backward_impl(const Problem<scalar_t>& P, scalar_t* go, scalar_t* q, scalar
     double* my_dpos = P.pos_w ? dpos_t.data() + tid * P.npos : nullptr;
     double* my_dts = P.ts_w ? dts_t.data() + tid * P.nts : nullptr;
     std::vector<scalar_t> bias, scale, sb, pb, dpb, gsum;
+    std::vector<int64_t> row_end;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t oi = 0; oi < P.B; ++oi) {
       const int64_t b = order[oi], n = P.len(b), s0 = P.off[b];
@@ -366,7 +380,8 @@ void backward_impl(const Problem<scalar_t>& P, scalar_t* go, scalar_t* q, scalar
           const int64_t e = m * w;
           bias.resize(e); scale.resize(e); sb.resize(e); pb.resize(e); dpb.resize(e);
           gsum.assign(e, scalar_t(0));
-          P.tile(b, r0, m, j0, w, bias.data(), scale.data());
+          row_end.resize(m);
+          P.tile(b, r0, m, j0, w, bias.data(), scale.data(), row_end.data());
           for (int64_t h = 0; h < P.H; ++h) {
             const scalar_t* qh = q + (s0 + r0) * ldq + h * P.dqk;
             const scalar_t* kh = k + (s0 + j0) * ldq + h * P.dqk;
@@ -374,8 +389,13 @@ void backward_impl(const Problem<scalar_t>& P, scalar_t* go, scalar_t* q, scalar
             const scalar_t* goh = go + (s0 + r0) * ldv + h * P.dv;
             gemm<scalar_t>(false, true, m, w, P.dqk, 1, qh, ldq, kh, ldq, 0, sb.data(), w);     // S = Q K^T
             gemm<scalar_t>(false, true, m, w, P.dv, 1, goh, ldv, vh, ldv, 0, dpb.data(), w);   // dP = dO V^T
-            silu_bwd<scalar_t>(sb.data(), bias.data(), scale.data(), alpha, e, pb.data(), dpb.data(),
-                               gsum.data());
+            for (int64_t r = 0; r < m; ++r) {
+              const int64_t o = r * w, len = row_end[r];
+              silu_bwd<scalar_t>(sb.data() + o, bias.data() + o, scale.data() + o, alpha, len, pb.data() + o,
+                                 dpb.data() + o, gsum.data() + o);
+              std::fill(pb.data() + o + len, pb.data() + o + w, scalar_t(0));  // masked tail
+              std::fill(dpb.data() + o + len, dpb.data() + o + w, scalar_t(0));
+            }
             gemm<scalar_t>(true, false, w, P.dv, m, 1, pb.data(), w, goh, ldv, 1,                // dv += P^T dO
                            dv + (s0 + j0) * ldv + h * P.dv, ldv);
             gemm<scalar_t>(true, false, w, P.dqk, m, alpha, dpb.data(), w, qh, ldq, 1,           // dk += a dS^T Q
