@@ -414,3 +414,14 @@ def test_choose_cache_follows_forcing_and_environment(monkeypatch):
     assert registry.choose(name, "cpu") == first
     monkeypatch.setenv(registry.ENV_BACKEND, f"{name}=reference")
     assert registry.choose(name, "cpu")[0] == "reference"
+
+
+def test_choose_cache_follows_patched_triton_usable(monkeypatch):
+    op = next((s.name for s in registry.all_specs() if s.triton is not None), None)
+    if op is None:
+        pytest.skip("no op with a triton kernel")
+    monkeypatch.delenv(registry.ENV_BACKEND, raising=False)
+    monkeypatch.setattr(registry, "triton_usable", lambda dev: False)
+    assert registry.choose(op, "cuda")[0] != "triton"
+    monkeypatch.setattr(registry, "triton_usable", lambda dev: dev == "cuda")
+    assert registry.choose(op, "cuda")[0] == "triton"

@@ -241,7 +241,7 @@ def choose(name: str, device: str) -> Tuple[str, str]:
     if ext_state != _SYNCED_EXT:  # the extension was loaded (or swapped, in tests) since
         _sync_direct()
     key = (name, device, env, os.environ.get("TRITON_INTERPRET", ""), _FORCE_GEN,
-           ext_state, s.triton is None, s.cpu_kernel)
+           ext_state, s.triton is None, s.cpu_kernel, triton_usable)  # (tests patch it)
     hit = _CHOICES.get(key)
     if hit is None:
         hit = _choose(name, device, env)
