@@ -7,7 +7,8 @@ device is its only argument.  On npu (the real device with torch_npu, the simula
 fbgemm ops served only by our PrivateUse1 kernels) it trains 4 steps under table_wise, row_wise,
 column_wise, data_parallel (world 2) and table_row_wise (world 4, LOCAL_WORLD_SIZE=2), through
 TrainPipelineSparseDist and TrainPipelineSemiSync (world 2 also TrainPipelineBase and
-TrainPipelineFusedSparseDist); the same runs on cpu with fbgemm's kernels
+TrainPipelineFusedSparseDist, and DistributedModelParallel(device=npu) with no plan given); the
+same runs on cpu with fbgemm's kernels
 are the reference (semi-sync against semi-sync: its lookups run one step ahead of the update).
 
 Tolerance: 1e-6 absolute + 1e-5 relative on every loss and every embedding weight (fp32;
@@ -16,8 +17,9 @@ measured: losses equal, weights within 7.5e-9).
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Dict, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import pytest
 import torch
@@ -42,39 +44,38 @@ pytestmark = [
 ]
 
 
-def _worker(rank: int, world_size: int, device_type: str, shardings: Sequence[str],
-            pipelines: Sequence[str]) -> Dict[Tuple[str, str], dict]:
+Run = Tuple[Optional[W.Sharding], str]  # (sharding; None = DMP without a plan, pipeline)
+
+
+def _worker(rank: int, world_size: int, device_type: str, runs: Sequence[Run]) -> List[dict]:
+    """Train every (sharding, pipeline) of ``runs``, in order."""
     device = rank_device(device_type, int(os.environ["LOCAL_RANK"]))
-    out = {}
-    for sharding in shardings:
-        for pipeline in pipelines:
-            ctx = W.fbgemm_cpu_kernels(sharding) if device_type == "cpu" else _null()
-            with ctx:
-                out[(sharding, pipeline)] = W.train(device, sharding, pipeline, STEPS)
-            torch.distributed.barrier()
+    out = []
+    for sharding, pipeline in runs:
+        ctx = W.fbgemm_cpu_kernels(sharding) if device_type == "cpu" else contextlib.nullcontext()
+        with ctx:
+            out.append(W.train(device, sharding, pipeline, STEPS))
+        torch.distributed.barrier()
     return out
 
 
-def _null():
-    import contextlib
-
-    return contextlib.nullcontext()
-
-
-def _run_and_compare(world: int, shardings: Sequence[str], pipelines: Sequence[str]) -> None:
-    npu = run_multiprocess(_worker, world, ("npu", shardings, pipelines), local_world_size=2,
-                           device_type="npu")
-    cpu = run_multiprocess(_worker, world, ("cpu", shardings, pipelines), local_world_size=2)
+def _run_and_compare(world: int, runs: Sequence[Run]) -> None:
+    npu = run_multiprocess(_worker, world, ("npu", runs), local_world_size=2, device_type="npu")
+    # the cpu reference of a run without a plan uses the plan DMP made for the npu topology
+    cpu_runs = [(s if s is not None else npu[0][i]["sharding_types"], p)
+                for i, (s, p) in enumerate(runs)]
+    cpu = run_multiprocess(_worker, world, ("cpu", cpu_runs), local_world_size=2)
     init = W.initial_state()
-    for key in cpu[0]:
-        where = "/".join(key)
+    for i, (sharding, pipeline) in enumerate(runs):
+        where = f"{sharding or 'no plan'}/{pipeline}"
         for rank, (n, c) in enumerate(zip(npu, cpu)):
-            assert n[key]["devices"] == ["npu"], (where, rank, n[key]["devices"])
-            assert n[key]["sharding_types"] == c[key]["sharding_types"], where
-            assert len(n[key]["losses"]) == STEPS, where
-            torch.testing.assert_close(torch.tensor(n[key]["losses"]), torch.tensor(c[key]["losses"]),
+            n, c = n[i], c[i]
+            assert n["devices"] == ["npu"], (where, rank, n["devices"])
+            assert n["sharding_types"] == c["sharding_types"], where
+            assert len(n["losses"]) == STEPS, where
+            torch.testing.assert_close(torch.tensor(n["losses"]), torch.tensor(c["losses"]),
                                        atol=ATOL, rtol=RTOL, msg=f"{where} rank{rank} losses")
-        got, want = W.assemble([r[key] for r in npu]), W.assemble([r[key] for r in cpu])
+        got, want = W.assemble([r[i] for r in npu]), W.assemble([r[i] for r in cpu])
         assert max(float((want[k] - init[k]).abs().max()) for k in want) > 1e-4, \
             f"{where}: training did not move the tables"
         for k in want:
@@ -83,11 +84,15 @@ def _run_and_compare(world: int, shardings: Sequence[str], pipelines: Sequence[s
 
 
 def test_npu_training_world2_matches_cpu_fbgemm():
-    _run_and_compare(2, ("table_wise", "row_wise", "column_wise", "data_parallel"), ALL_PIPELINES)
+    """Every sharding type x every pipeline, and DistributedModelParallel(device=npu) without a
+    plan (DMP plans itself for the npu topology)."""
+    shardings = ("table_wise", "row_wise", "column_wise", "data_parallel")
+    runs = [(s, p) for s in shardings for p in ALL_PIPELINES] + [(None, "sparse_dist")]
+    _run_and_compare(2, runs)
 
 
 def test_npu_training_table_row_wise_world4_matches_cpu_fbgemm():
-    _run_and_compare(4, ("table_row_wise",), PIPELINES)
+    _run_and_compare(4, [("table_row_wise", p) for p in PIPELINES])
 
 
 def _failing_worker(rank: int, world_size: int) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -182,11 +182,22 @@ def load_global(model: nn.Module, state: Dict[str, torch.Tensor]) -> None:
             t.copy_(full[sl])
 
 
-def _constraints(sharding: str) -> Dict[str, ParameterConstraints]:
-    """Every table constrained to ``sharding``.  EmbeddingCollection has no table_row_wise in
-    TorchRec 1.8: its table takes row_wise then.  Column-wise shards are DIM/2 wide."""
-    seq = "row_wise" if sharding == "table_row_wise" else sharding
+Sharding = Union[str, Dict[str, str]]
+
+
+def _constraints(sharding: Sharding) -> Dict[str, ParameterConstraints]:
+    """Every table constrained to ``sharding`` (one type for all tables, or {table: type}).
+    EmbeddingCollection has no table_row_wise in TorchRec 1.8: its table takes row_wise then.
+    Column-wise shards are DIM/2 wide."""
     half = DIM // 2
+    if isinstance(sharding, dict):
+        tables = {n for n, _, _ in BAG_TABLES + SEQ_TABLES}
+        if set(sharding) != tables:
+            raise ValueError(f"sharding: needs a type for exactly the tables {sorted(tables)}, "
+                             f"got {sorted(sharding)}")
+        return {n: ParameterConstraints(sharding_types=[t], min_partition=half)
+                for n, t in sharding.items()}
+    seq = "row_wise" if sharding == "table_row_wise" else sharding
     out = {n: ParameterConstraints(sharding_types=[sharding], min_partition=half)
            for n, _, _ in BAG_TABLES}
     out.update({n: ParameterConstraints(sharding_types=[seq], min_partition=half)
@@ -194,9 +205,9 @@ def _constraints(sharding: str) -> Dict[str, ParameterConstraints]:
     return out
 
 
-def sharded_model(device: torch.device, sharding: Optional[str]) -> DistributedModelParallel:
-    """The model under DMP: every table ``sharding`` (a plan from TorchRec's planner), or with
-    ``sharding=None`` DMP's own default planning (no plan given)."""
+def sharded_model(device: torch.device, sharding: Optional[Sharding]) -> DistributedModelParallel:
+    """The model under DMP: every table ``sharding`` (a type, or {table: type}; a plan from
+    TorchRec's planner), or with ``sharding=None`` DMP's own default planning (no plan given)."""
     model = Model(torch.device("meta"))
     apply_optimizer_in_backward(
         torch.optim.SGD, list(model.ebc.parameters()) + list(model.ec.parameters()), {"lr": LR})
@@ -212,7 +223,7 @@ def sharded_model(device: torch.device, sharding: Optional[str]) -> DistributedM
     return DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
 
 
-def train(device: torch.device, sharding: Optional[str], pipeline: str, steps: int) -> dict:
+def train(device: torch.device, sharding: Optional[Sharding], pipeline: str, steps: int) -> dict:
     """Train ``steps`` steps of rank-specific batches through ``PIPELINES[pipeline]``.
 
     Returns ``losses`` (per step), ``shards`` ({state key: [(offsets, cpu tensor)]} of the
@@ -266,10 +277,12 @@ def assemble(per_rank: List[dict]) -> Dict[str, torch.Tensor]:
 FBGEMM_CPU_BROKEN = {"data_parallel": ("dense_embedding_codegen_lookup_function",)}
 
 
-def fbgemm_cpu_kernels(sharding: Optional[str]) -> contextlib.AbstractContextManager:
+def fbgemm_cpu_kernels(sharding: Optional[Sharding]) -> contextlib.AbstractContextManager:
     """Context for the cpu reference run: fbgemm's own CPU kernels, except the ops of
-    :data:`FBGEMM_CPU_BROKEN` for ``sharding``, where ours replace fbgemm's."""
-    broken = FBGEMM_CPU_BROKEN.get(sharding or "", ())
+    :data:`FBGEMM_CPU_BROKEN` for the sharding type(s) of ``sharding``, where ours replace
+    fbgemm's."""
+    types = set(sharding.values()) if isinstance(sharding, dict) else {sharding or ""}
+    broken = sorted({op for t in types for op in FBGEMM_CPU_BROKEN.get(t, ())})
     if not broken:
         return contextlib.nullcontext()
     from torchrec_ascend.ops import registry
