@@ -371,17 +371,26 @@ Rows group_rows(const Lookup& L, const index_t* ip, int64_t weights_numel) {
   return r;
 }
 
+constexpr int64_t kRowsAhead = 4;  // distinct rows whose weights / states are prefetched ahead
+
 // For every distinct row, on one thread each: g[0, D) = sum over the row's hits of the output
 // gradient's slice times the index's factor (per-index weight, then / L under MEAN), then
-// update(start, t, idx, D, g) with t a feature owning the row and idx its local row id.
-template <typename acc, typename index_t, typename Update>
+// update(start, t, idx, D, g) with t a feature owning the row and idx its local row id;
+// ahead(start, t, idx, D) is called for the row kRowsAhead further on (to prefetch what update
+// will touch there).
+template <typename acc, typename index_t, typename Update, typename Ahead>
 void for_each_row(const Lookup& L, const Rows& r, const index_t* ip, const acc* grad, int64_t stride,
-                  const acc* iw, Update&& update) {
+                  const acc* iw, Update&& update, Ahead&& ahead) {
   const int64_t U = static_cast<int64_t>(r.seg.size()) - 1;
   const int64_t work = static_cast<int64_t>(r.hits.size()) * L.max_D * 3;
   parallel_over(U, work, [&](int64_t u0, int64_t u1) {
     std::vector<acc> g(L.max_D);
     for (int64_t u = u0; u < u1; ++u) {
+      if (u + kRowsAhead < u1) {
+        const Hit& h = r.hits[r.seg[u + kRowsAhead]];
+        const int64_t t = r.bag[h.pos] / L.B;
+        ahead(h.key, t, static_cast<int64_t>(ip[h.pos]), L.dims[t]);
+      }
       const int64_t first = r.hits[r.seg[u]].pos;
       const int64_t t0 = r.bag[first] / L.B, D = L.dims[t0];
       std::fill(g.begin(), g.begin() + D, acc(0));
@@ -426,6 +435,14 @@ void finish(State& s) {
   if (!s.work.is_same(s.orig)) s.orig.copy_(s.work);
 }
 
+// Prefetches the state row that state_row() will return (nothing when it would be out of range).
+template <typename acc>
+void prefetch_state(const State& s, const acc* base, int64_t t, int64_t first, int64_t n) {
+  if (t >= static_cast<int64_t>(s.off.size())) return;
+  const int64_t start = s.off[t] + first;
+  if (start >= 0 && start + n <= s.work.numel()) prefetch_row(base + start, n);
+}
+
 // The state row [start, start + n) of feature t's slice: checked against the state's size.
 template <typename acc>
 acc* state_row(State& s, acc* base, int64_t t, int64_t first, int64_t n, int64_t k) {
@@ -468,11 +485,14 @@ void fused_backward(Opt opt, const at::Tensor& grad_in, const at::Tensor& weight
     AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "tbe_backward_idx", [&] {
       const index_t* ip = indices.data_ptr<index_t>();
       const Rows rows = group_rows(L, ip, weights.numel());
+      const int64_t wn = weights.numel();
       switch (opt) {
         case Opt::kSgd:
           for_each_row(L, rows, ip, gp, stride, iwp, [&](int64_t start, int64_t, int64_t, int64_t D, const acc* g) {
             scalar_t* w = wp + start;
             for (int64_t d = 0; d < D; ++d) w[d] = static_cast<scalar_t>(static_cast<acc>(w[d]) - lr * g[d]);
+          }, [&](int64_t start, int64_t, int64_t, int64_t D) {
+            if (start + D <= wn) prefetch_row(wp + start, D);
           });
           break;
         case Opt::kAdagrad: {
@@ -484,6 +504,9 @@ void fused_backward(Opt opt, const at::Tensor& grad_in, const at::Tensor& weight
               m[d] += g[d] * g[d];
               w[d] = static_cast<scalar_t>(static_cast<acc>(w[d]) - lr * g[d] / (std::sqrt(m[d]) + eps));
             }
+          }, [&](int64_t start, int64_t t, int64_t idx, int64_t D) {
+            if (start + D <= wn) prefetch_row(wp + start, D);
+            prefetch_state(states[0], mp, t, idx * D, D);
           });
           break;
         }
@@ -516,6 +539,9 @@ void fused_backward(Opt opt, const at::Tensor& grad_in, const at::Tensor& weight
             for (int64_t d = 0; d < D; ++d) {
               w[d] = static_cast<scalar_t>((corr * static_cast<acc>(w[d]) - mult * g[d]) * scale);
             }
+          }, [&](int64_t start, int64_t t, int64_t idx, int64_t D) {
+            if (start + D <= wn) prefetch_row(wp + start, D);
+            prefetch_state(states[0], mp, t, idx, 1);
           });
           break;
         }
@@ -536,6 +562,10 @@ void fused_backward(Opt opt, const at::Tensor& grad_in, const at::Tensor& weight
               const acc upd = (m1[d] / c1) / (std::sqrt(m2[d] / c2) + eps) + wd * wv;
               w[d] = static_cast<scalar_t>(wv - lr * upd);
             }
+          }, [&](int64_t start, int64_t t, int64_t idx, int64_t D) {
+            if (start + D <= wn) prefetch_row(wp + start, D);
+            prefetch_state(states[0], m1p, t, idx * D, D);
+            prefetch_state(states[1], m2p, t, idx * D, D);
           });
           break;
         }
@@ -635,7 +665,8 @@ std::tuple<at::Tensor, at::Tensor> dense_backward(const at::Tensor& grad_in, con
       for_each_row(L, rows, ip, grad.data_ptr<acc>(), stride, iwp,
                    [&](int64_t start, int64_t, int64_t, int64_t D, const acc* g) {
                      for (int64_t d = 0; d < D; ++d) gwp[start + d] = static_cast<scalar_t>(g[d]);
-                   });
+                   },
+                   [](int64_t, int64_t, int64_t, int64_t) {});
     });
   });
   at::Tensor giw = at::empty({0}, iw_in.defined() ? iw_in.options() : grad_in.options());
