@@ -640,6 +640,7 @@ namespace {
 struct Bucketizer {
   // per feature
   std::vector<int64_t> blk, gnb, lnb;
+  std::vector<double> inv_local;  // 1 / (blk * lnb): the even split divides by multiplying
   std::vector<uint8_t> keep;
   std::vector<std::vector<int64_t>> bounds;  // uneven: boundaries per feature (empty: even)
   int64_t my_size = 1;
@@ -677,8 +678,26 @@ struct Bucketizer {
     } else {
       const int64_t local = b * lnb[t];
       if (x >= 0 && static_cast<int64_t>(x) < b * g) {
-        p = static_cast<int64_t>(x) / local;
-        nx = static_cast<index_t>(static_cast<int64_t>(x) % local);
+        const int64_t xv = static_cast<int64_t>(x);
+        int64_t q, r;
+        if (xv < (int64_t{1} << 52)) {
+          // exact below 2^52: the product is within one of the quotient, fixed by one step
+          // (a 64-bit integer divide is not pipelined; a multiply is)
+          q = static_cast<int64_t>(static_cast<double>(xv) * inv_local[t]);
+          r = xv - q * local;
+          if (r < 0) {
+            --q;
+            r += local;
+          } else if (r >= local) {
+            ++q;
+            r -= local;
+          }
+        } else {
+          q = xv / local;
+          r = xv % local;
+        }
+        p = q;
+        nx = static_cast<index_t>(r);
       } else {
         p = static_cast<int64_t>(u % static_cast<uindex_t>(g)) / std::max<int64_t>(lnb[t], 1);
         nx = static_cast<index_t>(u / static_cast<uindex_t>(g));
@@ -721,7 +740,12 @@ block_bucketize_sparse_features(const at::Tensor& lengths, const at::Tensor& ind
     bk.gnb.assign(t_count, my_size);
   }
   bk.lnb.resize(t_count);
-  for (int64_t t = 0; t < t_count; ++t) bk.lnb[t] = bk.gnb[t] / my_size;
+  bk.inv_local.resize(t_count);
+  for (int64_t t = 0; t < t_count; ++t) {
+    bk.lnb[t] = bk.gnb[t] / my_size;
+    const int64_t local = bk.blk[t] * bk.lnb[t];
+    bk.inv_local[t] = local > 0 ? 1.0 / static_cast<double>(local) : 0.0;
+  }
   bk.keep.assign(t_count, keep_orig_idx ? 1 : 0);
   if (keep_orig_idx_per_feature.has_value()) {
     auto k = keep_orig_idx_per_feature->to(at::kBool).contiguous();

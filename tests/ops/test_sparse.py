@@ -192,6 +192,20 @@ def test_permute_2D_gradcheck():
 # --------------------------------------------------------------------------- block bucketize
 
 
+@BACKENDS
+def test_block_bucketize_large_ids(backend):
+    """Ids around 2^52 and beyond (where the csrc kernel switches from its multiply-by-inverse
+    quotient to an integer divide), odd block sizes, int64."""
+    _need("block_bucketize_sparse_features", backend)
+    big = [2**52 - 1, 2**52, 2**52 + 1, 2**62 + 12345, 3 * 2**51 + 7, 0, 1, 999_999_937]
+    indices = torch.tensor(big * 2, dtype=torch.int64)
+    block_sizes = torch.tensor([999_999_937, 2**50 + 3, 7], dtype=torch.int64)
+    lengths = torch.tensor([3, 5, 0, 8, 0, 0], dtype=torch.int64)  # T=3, B=2
+    args = (lengths, indices, True, True, block_sizes, 5, None)
+    _equal(_run("block_bucketize_sparse_features", backend, *args),
+           FB.block_bucketize_sparse_features(*args))
+
+
 def _test_block_bucketize(backend, t, b, max_len, my_size, index_dtype, len_dtype, variant,
                           bucketize_pos, sequence, weighted, seed):
     g = torch.Generator().manual_seed(seed)
