@@ -286,7 +286,7 @@ struct Hit {
 // Stable LSD radix sort by key (0 <= key <= max_key): positions stay ascending within a row, so
 // a row's gradient is summed in index order (deterministic, like the reference's index_add).
 void radix_sort(std::vector<Hit>& a, int64_t max_key) {
-  constexpr int kBits = 11;
+  constexpr int kBits = 13;  // 8192 buckets (64 KiB of counts): two passes for keys below 2^26
   constexpr int64_t kMask = (int64_t(1) << kBits) - 1;
   std::vector<Hit> tmp(a.size());
   std::vector<int64_t> count(kMask + 2);
