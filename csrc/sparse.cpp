@@ -841,29 +841,40 @@ block_bucketize_sparse_features(const at::Tensor& lengths, const at::Tensor& ind
     char* owp = out_weights.has_value() ? static_cast<char*>(out_weights->data_ptr()) : nullptr;
     index_t* opos = out_pos.has_value() ? out_pos->data_ptr<index_t>() : nullptr;
     index_t* unb = unbucketize.has_value() ? unbucketize->data_ptr<index_t>() : nullptr;
-    // one weight row: a 4- or 8-byte load/store where it is one (not a memcpy call per id)
-    auto copy_weight = [wb, wp, owp](int64_t to, int64_t from) {
-      if (wb == 4) {
-        std::memcpy(owp + to * 4, wp + from * 4, 4);
-      } else if (wb == 8) {
-        std::memcpy(owp + to * 8, wp + from * 8, 8);
-      } else {
-        std::memcpy(owp + to * wb, wp + from * wb, wb);
-      }
-    };
-    parallel_over(n_len, n, [&](int64_t k0, int64_t k1) {
-      for (int64_t k = k0; k < k1; ++k) {
-        const int64_t i0 = off[k], i1 = off[k + 1];
-        int64_t* cur = cursor.data() + k;
-        for (int64_t i = i0; i < i1; ++i) {
-          const int64_t dst = cur[bucket[i] * n_len]++;
-          ox[dst] = new_id[i];
-          if (owp) copy_weight(dst, i);
-          if (opos) opos[dst] = static_cast<index_t>(i - i0);
-          if (unb) unb[i] = static_cast<index_t>(dst);
+    // the placing loop, with the weight row as a typed load/store where it is 4 or 8 bytes
+    // (char* stores would alias every captured variable; a memcpy call per id is slow too)
+    auto place = [&](auto wz) {
+      using w_t = decltype(wz);
+      const w_t* wv = reinterpret_cast<const w_t*>(wp);
+      w_t* owv = reinterpret_cast<w_t*>(owp);
+      const int32_t* bkt = bucket.data();
+      const index_t* nid = new_id.data();
+      const int64_t stride = n_len;
+      parallel_over(n_len, n, [&](int64_t k0, int64_t k1) {
+        for (int64_t k = k0; k < k1; ++k) {
+          const int64_t i0 = off[k], i1 = off[k + 1];
+          int64_t* cur = cursor.data() + k;
+          for (int64_t i = i0; i < i1; ++i) {
+            const int64_t dst = cur[bkt[i] * stride]++;
+            ox[dst] = nid[i];
+            if constexpr (!std::is_same_v<w_t, char>) {
+              if (owv) owv[dst] = wv[i];
+            } else {
+              if (owp) std::memcpy(owp + dst * wb, wp + i * wb, wb);
+            }
+            if (opos) opos[dst] = static_cast<index_t>(i - i0);
+            if (unb) unb[i] = static_cast<index_t>(dst);
+          }
         }
-      }
-    });
+      });
+    };
+    if (wb == 0 || wb == 4) {
+      place(uint32_t{});
+    } else if (wb == 8) {
+      place(uint64_t{});
+    } else {
+      place(char{});
+    }
   });
   return {out_lengths, out_indices, out_weights, out_pos, unbucketize};
 }
