@@ -823,48 +823,41 @@ at::Tensor dense_from_args(const py::args& a) {
 
 }  // namespace
 
-// split_embedding_codegen_forward_{unweighted,weighted}_pt2_wrapper
-at::Tensor tbe_forward(bool weighted, const at::Tensor& host_weights, const at::Tensor& dev_weights,
-                       const at::Tensor& /*uvm_weights*/, const at::Tensor& /*lxu_cache_weights*/,
-                       const at::Tensor& /*weights_placements*/, const at::Tensor& weights_offsets,
-                       const at::Tensor& D_offsets, int64_t total_D, int64_t /*max_D*/,
-                       const at::Tensor& /*hash_size_cumsum*/, const at::Tensor& indices,
-                       const at::Tensor& offsets, int64_t pooling_mode,
-                       const c10::optional<at::Tensor>& indice_weights,
-                       const c10::optional<at::Tensor>& /*lxu_cache_locations*/,
-                       const c10::optional<at::Tensor>& /*uvm_cache_stats*/, bool /*is_experimental*/,
-                       int64_t output_dtype) {
-  return pooled(pick(host_weights, dev_weights), weights_offsets, D_offsets, total_D, indices,
-                offsets, pooling_mode, weighted ? indice_weights : c10::nullopt, output_dtype);
+// The weights a forward reads: host_weights (a[0]) when non-empty, else dev_weights (a[1]);
+// either may be None (fbgemm's autograd passes None for placements a table does not use).
+at::Tensor forward_weights(const py::args& a) {
+  const auto w = pick(optional_at(a, 0), optional_at(a, 1));
+  TORCH_CHECK_VALUE(w.defined(), "host_weights / dev_weights: neither holds the weights");
+  return w;
+}
+
+// split_embedding_codegen_forward_{unweighted,weighted}_pt2_wrapper, fbgemm's argument order:
+// host/dev/uvm/lxu_cache weights, weights_placements, weights_offsets(5), D_offsets(6),
+// total_D(7), max_D, hash_size_cumsum, indices(10), offsets(11), pooling_mode(12),
+// indice_weights(13), lxu_cache_locations, uvm_cache_stats, is_experimental, output_dtype(17).
+at::Tensor tbe_forward(bool weighted, const py::args& a) {
+  TORCH_CHECK_VALUE(a.size() == 18, "split_embedding_codegen_forward: expected 18 arguments, got ",
+                    a.size());
+  const auto iw = weighted ? optional_at(a, 13) : at::Tensor();
+  return pooled(forward_weights(a), tensor_at(a, 5), tensor_at(a, 6), a[7].cast<int64_t>(),
+                tensor_at(a, 10), tensor_at(a, 11), a[12].cast<int64_t>(),
+                iw.defined() ? c10::optional<at::Tensor>(iw) : c10::nullopt, a[17].cast<int64_t>());
+}
+
+// split_embedding_nobag_codegen_forward_unweighted_pt2_wrapper: host/dev/uvm/lxu_cache weights,
+// weights_placements, weights_offsets(5), D(6), hash_size_cumsum, indices(8), offsets(9),
+// lxu_cache_locations, uvm_cache_stats, is_experimental, output_dtype(13).
+at::Tensor tbe_nobag_forward(const py::args& a) {
+  TORCH_CHECK_VALUE(a.size() == 14,
+                    "split_embedding_nobag_codegen_forward: expected 14 arguments, got ", a.size());
+  return nobag(forward_weights(a), tensor_at(a, 5), a[6].cast<int64_t>(), tensor_at(a, 8),
+               tensor_at(a, 9), a[13].cast<int64_t>());
 }
 
 void bind_embedding(pybind11::module& m) {
-  m.def("tbe_forward_unweighted",
-        [](const at::Tensor& hw, const at::Tensor& dw, const at::Tensor& uw, const at::Tensor& lw,
-           const at::Tensor& pl, const at::Tensor& wo, const at::Tensor& Do, int64_t total_D,
-           int64_t max_D, const at::Tensor& hsc, const at::Tensor& idx, const at::Tensor& off,
-           int64_t pm, const c10::optional<at::Tensor>& iw, const c10::optional<at::Tensor>& lcl,
-           const c10::optional<at::Tensor>& ucs, bool exp, int64_t od) {
-          return tbe_forward(false, hw, dw, uw, lw, pl, wo, Do, total_D, max_D, hsc, idx, off, pm,
-                             iw, lcl, ucs, exp, od);
-        });
-  m.def("tbe_forward_weighted",
-        [](const at::Tensor& hw, const at::Tensor& dw, const at::Tensor& uw, const at::Tensor& lw,
-           const at::Tensor& pl, const at::Tensor& wo, const at::Tensor& Do, int64_t total_D,
-           int64_t max_D, const at::Tensor& hsc, const at::Tensor& idx, const at::Tensor& off,
-           int64_t pm, const c10::optional<at::Tensor>& iw, const c10::optional<at::Tensor>& lcl,
-           const c10::optional<at::Tensor>& ucs, bool exp, int64_t od) {
-          return tbe_forward(true, hw, dw, uw, lw, pl, wo, Do, total_D, max_D, hsc, idx, off, pm,
-                             iw, lcl, ucs, exp, od);
-        });
-  // split_embedding_nobag_codegen_forward_unweighted_pt2_wrapper
-  m.def("tbe_nobag_forward",
-        [](const at::Tensor& hw, const at::Tensor& dw, const at::Tensor&, const at::Tensor&,
-           const at::Tensor&, const at::Tensor& wo, int64_t D, const at::Tensor&,
-           const at::Tensor& idx, const at::Tensor& off, const c10::optional<at::Tensor>&,
-           const c10::optional<at::Tensor>&, bool, int64_t od) {
-          return nobag(pick(hw, dw), wo, D, idx, off, od);
-        });
+  m.def("tbe_forward_unweighted", [](py::args a) { return tbe_forward(false, a); });
+  m.def("tbe_forward_weighted", [](py::args a) { return tbe_forward(true, a); });
+  m.def("tbe_nobag_forward", [](py::args a) { return tbe_nobag_forward(a); });
   // fused backwards: tbe_backward_<optimizer>_{unweighted,weighted,nobag}
   const std::pair<const char*, Opt> opts[] = {{"sgd", Opt::kSgd}, {"adagrad", Opt::kAdagrad},
                                               {"rowwise_adagrad", Opt::kRowwiseAdagrad}, {"adam", Opt::kAdam}};

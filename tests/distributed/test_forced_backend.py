@@ -50,8 +50,6 @@ def _check_ours(log_ours, dispatched, backend, where):
     assert log_ours, f"{where}: none of our kernels ran"
     for op, backends in log_ours.items():
         want = {b for b, _ in registry.available_backends(op, "cpu")} & {backend}
-        if backend == "cpu_kernel" and op in FB.CPU_KERNEL_NOT_CALLABLE_BY_FBGEMM:
-            want = {"reference"}
         want = want or {"reference"}
         assert set(backends) <= want | {"reference"} and set(backends) & want, (where, op, backends)
 
@@ -186,22 +184,26 @@ def test_kernel_log_can_fail():
         _check_ours({"invert_permute": ["reference"]}, log.dispatched, "reference", "probe")
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="csrc TBE forward kernels refuse fbgemm's undefined (None) tensor "
-                          "arguments: see forced_backend.CPU_KERNEL_NOT_CALLABLE_BY_FBGEMM")
+TBE_FORWARDS = ("split_embedding_codegen_forward_unweighted_pt2_wrapper",
+                "split_embedding_codegen_forward_weighted_pt2_wrapper",
+                "split_embedding_nobag_codegen_forward_unweighted_pt2_wrapper")
+
+
 def test_cpu_kernel_tbe_forward_callable_from_fbgemm_autograd():
-    """fbgemm's own TBE module (TorchRec's FUSED kernel) on our csrc forward kernel."""
+    """fbgemm's own TBE module (TorchRec's FUSED kernel) on our csrc forward kernel: fbgemm's
+    autograd passes None for the weight placements a table does not use."""
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
         ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen)
 
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
         [(10, 4, EmbeddingLocation.HOST, ComputeDevice.CPU)], learning_rate=0.1)
-    indices, offsets = torch.tensor([1, 2, 9]), torch.tensor([0, 1, 3])
+    indices, offsets = torch.tensor([1, 2, 9]), torch.tensor([0, 1, 1, 3])  # bags of 1, 0, 2
     want = tbe(indices, offsets)
-    with registry.use_backend("cpu_kernel", ops=list(FB.CPU_KERNEL_NOT_CALLABLE_BY_FBGEMM),
-                              replace_fbgemm=True):
+    with registry.use_backend("cpu_kernel", ops=list(TBE_FORWARDS), replace_fbgemm=True), \
+            FB.kernel_log() as log:
         got = tbe(indices, offsets)
+    assert log.served() == {TBE_FORWARDS[0]: {"cpu_kernel"}}, log.ours
     torch.testing.assert_close(got, want)
 
 

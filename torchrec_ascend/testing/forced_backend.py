@@ -23,20 +23,7 @@ import torch
 
 from .trace_ops import OpRecorder
 
-__all__ = ["KernelLog", "kernel_log", "replaceable_ops", "forced", "compare_worker",
-           "CPU_KERNEL_NOT_CALLABLE_BY_FBGEMM"]
-
-# Our csrc TBE forward kernels take every tensor argument as a defined Tensor, but fbgemm's CPU
-# autograd function of split_embedding_codegen_lookup_<opt>_function_pt2 passes undefined
-# tensors (None) for the unused weight placements (dev/uvm/lxu-cache weights): called from
-# TorchRec's FUSED kernel they raise TypeError.  The forced "cpu_kernel" run keeps these on the
-# reference backend; tests/distributed/test_forced_backend.py holds a strict xfail that turns
-# red once they accept fbgemm's calling convention (then empty this tuple).
-CPU_KERNEL_NOT_CALLABLE_BY_FBGEMM = (
-    "split_embedding_codegen_forward_unweighted_pt2_wrapper",
-    "split_embedding_codegen_forward_weighted_pt2_wrapper",
-    "split_embedding_nobag_codegen_forward_unweighted_pt2_wrapper",
-)
+__all__ = ["KernelLog", "kernel_log", "replaceable_ops", "forced", "compare_worker"]
 
 
 @dataclasses.dataclass
@@ -96,13 +83,10 @@ def kernel_log() -> Iterator[KernelLog]:
 @contextlib.contextmanager
 def forced(backend: str) -> Iterator[None]:
     """Our kernels in place of fbgemm's CPU kernels: ``use_backend(backend, replace_fbgemm=True)``
-    (for ``"cpu_kernel"`` with :data:`CPU_KERNEL_NOT_CALLABLE_BY_FBGEMM` on ``"reference"``)."""
+    (ops without a ``backend`` implementation fall back by the registry's order)."""
     from torchrec_ascend.ops import registry
 
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(registry.use_backend(backend, replace_fbgemm=True))
-        if backend == "cpu_kernel" and CPU_KERNEL_NOT_CALLABLE_BY_FBGEMM:
-            stack.enter_context(registry.use_backend("reference", ops=CPU_KERNEL_NOT_CALLABLE_BY_FBGEMM))
+    with registry.use_backend(backend, replace_fbgemm=True):
         yield
 
 
