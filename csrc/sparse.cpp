@@ -909,6 +909,7 @@ void bind_sparse(pybind11::module& m) {
   t.push_back(direct::entry<&permute_pooled_embs, 0>("permute_pooled_embs"));
   t.push_back(direct::entry<&permute_pooled_embs, 1>("permute_pooled_embs_auto_grad"));
   t.push_back(direct::entry<&permute_pooled_embs, 2>("permute_pooled_embs_auto_grad_split"));
+  t.push_back(direct::entry<&permute_pooled_embs, 3>("permute_pooled_embs_split"));
   t.push_back(direct::entry<&bounds_check_indices>("bounds_check_indices"));
   t.push_back(direct::entry<&block_bucketize_sparse_features>("block_bucketize_sparse_features"));
   direct::bind(m);

@@ -34,11 +34,8 @@ from torchrec_ascend.testing import forced_backend as FB  # noqa: E402
 BACKENDS = ("reference", "cpu_kernel")
 ATOL, RTOL = 1e-6, 1e-5
 # fbgemm ops the training path dispatches that are not in our registry: no tensor math of the
-# model (a feature-gate query; TBE's constructor's batch/table bit split), and fbgemm's CPU
-# autograd kernel of permute_pooled_embs_auto_grad_split (column-wise output), which calls
-# fbgemm::permute_pooled_embs_split directly and so shadows our CPU kernel of the outer op.
-OUTSIDE_REGISTRY = {"fbgemm::check_feature_gate_key", "fbgemm::get_infos_metadata",
-                    "fbgemm::permute_pooled_embs_split"}
+# model (a feature-gate query; TBE's constructor's batch/table bit split).
+OUTSIDE_REGISTRY = {"fbgemm::check_feature_gate_key", "fbgemm::get_infos_metadata"}
 
 
 def _check_ours(log_ours, dispatched, backend, where):

@@ -348,8 +348,11 @@ register(OpSpec(
     fbgemm=True,
     fbgemm_ascend=True,
 ))
+# permute_pooled_embs_split: what fbgemm's autograd kernel of ..._auto_grad_split calls on CPU
+# (TorchRec's column-wise sharding), so it is replaceable too
 for _name, _ascend in (("permute_pooled_embs", True), ("permute_pooled_embs_auto_grad", True),
-                       ("permute_pooled_embs_auto_grad_split", False)):
+                       ("permute_pooled_embs_auto_grad_split", False),
+                       ("permute_pooled_embs_split", False)):
     register(OpSpec(
         name=_name,
         schema=_POOLED_SCHEMA,
