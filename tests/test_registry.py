@@ -319,21 +319,27 @@ def test_direct_kernel_runs_without_python_by_default(run_spy):
     assert run_spy == [(op, "cpu")], "the csrc kernel did not serve the gradient-less calls"
 
 
+def _spy_reference(monkeypatch, op: str) -> list:
+    """Record the calls of ``op``'s reference implementation (the list is returned)."""
+    s = registry.spec(op)
+    calls = []
+    real = s.reference
+
+    def spy(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(s, "reference", spy)
+    return calls
+
+
 def test_forcing_reference_reaches_the_direct_ops(run_spy, monkeypatch):
     """use_backend and $TORCHREC_ASCEND_BACKEND still pick the backend of a direct op, and
     leaving use_backend gives the csrc kernel back."""
     op = "asynchronous_complete_cumsum"
     if op not in registry._DIRECT:
         pytest.skip("C++ extension not built")
-    s = registry.spec(op)
-    ref_calls = []
-    real_ref = s.reference
-
-    def spy(*args):
-        ref_calls.append(args)
-        return real_ref(*args)
-
-    monkeypatch.setattr(s, "reference", spy)
+    ref_calls = _spy_reference(monkeypatch, op)
     x = torch.tensor([3, 0, 2], dtype=torch.int64)
     want = torch.tensor([0, 3, 3, 5])
     call = torch.ops.torchrec_ascend.asynchronous_complete_cumsum
@@ -363,15 +369,7 @@ def test_environment_variable_reaches_direct_ops_at_call_time(run_spy, monkeypat
     op = "keyed_jagged_index_select_dim1"
     if op not in registry._DIRECT or registry.choose(op, "cpu")[0] != "cpu_kernel":
         pytest.skip("no direct default for this op here")
-    s = registry.spec(op)
-    ref_calls = []
-    real_ref = s.reference
-
-    def spy(*args):
-        ref_calls.append(args)
-        return real_ref(*args)
-
-    monkeypatch.setattr(s, "reference", spy)
+    ref_calls = _spy_reference(monkeypatch, op)
     args = _kjt_select_args()
     call = torch.ops.torchrec_ascend.keyed_jagged_index_select_dim1
     want = call(*args)
