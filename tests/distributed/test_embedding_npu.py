@@ -101,3 +101,19 @@ def test_lookup_refuses_what_it_cannot_do():
         embedding_npu.lookup_pt2("sgd", None, [], None, 0, 0, None, 0, indices, offsets, 0, None,
                                  None, 0, [None] * 7, [0, 1], [0.0, 0.0], [False] * 7)
 
+
+
+def test_placements_checked_once_per_version():
+    """A table's placements are read to the host on first use and again only after an
+    in-place change; a placement we cannot address is refused either way."""
+    host = torch.zeros(4)
+    offsets = torch.tensor([0])
+    placements = torch.tensor([embedding_npu._PLACEMENT_HOST])
+    embedding_npu._unpack_table("weights", [host, placements, offsets])
+    assert id(placements) in embedding_npu._CHECKED_PLACEMENTS
+    embedding_npu._unpack_table("weights", [host, placements, offsets])  # cached
+    placements.fill_(2)  # UVM_CACHING: bumps the version
+    with pytest.raises(ValueError, match=r"^weights: placements \[2\] are not supported"):
+        embedding_npu._unpack_table("weights", [host, placements, offsets])
+    with pytest.raises(ValueError, match=r"^weights: placements \[1\] are not supported"):
+        embedding_npu._unpack_table("weights", [host, torch.tensor([1]), offsets])

@@ -27,7 +27,8 @@ Unsupported (``ValueError`` naming the argument): variable batch size per featur
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+import weakref
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -50,6 +51,11 @@ _PLACEMENT_DEVICE, _PLACEMENT_HOST = 0, 3  # fbgemm EmbeddingLocation values we 
 
 REGISTERED: List[str] = []  # qualified names of the fbgemm ops given npu kernels here
 _LIB: Optional[torch.library.Library] = None
+# placements tensors already validated: {id: (weak reference, tensor version)}.  A TBE module's
+# placements are a constant buffer, so after the first lookup no call copies them to the host
+# again (on a real npu that copy is a device sync per forward); an in-place change bumps the
+# version and is checked again.
+_CHECKED_PLACEMENTS: Dict[int, Tuple[weakref.ref, int]] = {}
 
 
 def infos_metadata(B: int, T: int) -> Tuple[int, int]:
@@ -87,10 +93,21 @@ def _unpack_table(what: str, parts: Sequence[Optional[torch.Tensor]]) -> Tuple[t
         raise ValueError(f"{what}: expected fbgemm's packed list of 3 (host) or 4-5 (device) "
                          f"tensors, got {len(parts)}")
     if placements is not None and placements.numel() > 0:
-        bad = sorted(set(int(p) for p in placements.cpu().tolist()) - set(allowed))
-        if bad:
-            raise ValueError(f"{what}: placements {bad} are not supported on npu (only {allowed})")
+        _check_placements(what, placements, allowed)
     return flat, offsets
+
+
+def _check_placements(what: str, placements: torch.Tensor, allowed: Tuple[int, ...]) -> None:
+    """Every placement is one of ``allowed``; read to the host once per tensor version."""
+    hit = _CHECKED_PLACEMENTS.get(id(placements))
+    if hit is not None and hit[0]() is placements and hit[1] == placements._version:
+        return
+    bad = sorted(set(int(p) for p in placements.cpu().tolist()) - set(allowed))
+    if bad:
+        raise ValueError(f"{what}: placements {bad} are not supported on npu (only {allowed})")
+    key = id(placements)
+    _CHECKED_PLACEMENTS[key] = (weakref.ref(placements, lambda _: _CHECKED_PLACEMENTS.pop(key, None)),
+                                placements._version)
 
 
 def _named(what: str, values: Sequence, names: Sequence[str]) -> dict:
