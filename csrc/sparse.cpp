@@ -710,34 +710,32 @@ void bounds_check_indices(const at::Tensor& rows_per_table, at::Tensor& indices,
 
 namespace {
 
-struct Bucketizer {
-  // per feature
-  std::vector<int64_t> blk, gnb, lnb;
-  std::vector<double> inv_local;  // 1 / (blk * lnb): the even split divides by multiplying
-  std::vector<uint8_t> keep;
-  std::vector<std::vector<int64_t>> bounds;  // uneven: boundaries per feature (empty: even)
-  int64_t my_size = 1;
+// The split of one feature's ids, copied out of Bucketizer once per bag so the per-id code
+// reads locals (registers) rather than eight per-feature vectors.
+struct FeatureSplit {
+  int64_t b, g, lnb, local, my_size;
+  double inv_local;
+  bool keep;
+  const int64_t* bd;  // uneven boundaries, or nullptr
+  int64_t nb;
 
-  // (bucket, new id) of id x of feature t, with fbgemm's unsigned reading of x.
+  // (bucket, new id) of id x, with fbgemm's unsigned reading of x.
   template <typename index_t>
-  inline std::pair<int64_t, index_t> operator()(int64_t t, index_t x) const {
+  inline std::pair<int64_t, index_t> operator()(index_t x) const {
     using uindex_t = std::make_unsigned_t<index_t>;
     const uindex_t u = static_cast<uindex_t>(x);
-    const int64_t b = blk[t], g = gnb[t];
     int64_t p;
     index_t nx;
-    const auto& bd = bounds[t];
-    if (!bd.empty()) {
-      const int64_t nb = static_cast<int64_t>(bd.size());
+    if (bd != nullptr) {
       int64_t lb;
       if (b == 0) {
         const int64_t folded = static_cast<int64_t>(u % static_cast<uindex_t>(g));
         const int64_t cmp = folded * bd[nb - 1] / g;
-        lb = std::upper_bound(bd.begin(), bd.end(), cmp) - bd.begin() - 1;
+        lb = std::upper_bound(bd, bd + nb, cmp) - bd - 1;
       } else if (x < 0) {
         lb = nb - 1;
       } else {
-        lb = std::upper_bound(bd.begin(), bd.end(), static_cast<int64_t>(x)) - bd.begin() - 1;
+        lb = std::upper_bound(bd, bd + nb, static_cast<int64_t>(x)) - bd - 1;
       }
       const bool in_range = lb < my_size;
       p = in_range ? lb : static_cast<int64_t>(u % static_cast<uindex_t>(my_size));
@@ -748,36 +746,49 @@ struct Bucketizer {
       } else {
         nx = static_cast<index_t>(u / static_cast<uindex_t>(my_size));
       }
-    } else {
-      const int64_t local = b * lnb[t];
-      if (x >= 0 && static_cast<int64_t>(x) < b * g) {
-        const int64_t xv = static_cast<int64_t>(x);
-        int64_t q, r;
-        if (xv < (int64_t{1} << 52)) {
-          // exact below 2^52: the product is within one of the quotient, fixed by one step
-          // (a 64-bit integer divide is not pipelined; a multiply is)
-          q = static_cast<int64_t>(static_cast<double>(xv) * inv_local[t]);
-          r = xv - q * local;
-          if (r < 0) {
-            --q;
-            r += local;
-          } else if (r >= local) {
-            ++q;
-            r -= local;
-          }
-        } else {
-          q = xv / local;
-          r = xv % local;
+    } else if (x >= 0 && static_cast<int64_t>(x) < b * g) {
+      const int64_t xv = static_cast<int64_t>(x);
+      int64_t q, r;
+      if (xv < (int64_t{1} << 52)) {
+        // exact below 2^52: the product is within one of the quotient, fixed by one step
+        // (a 64-bit integer divide is not pipelined; a multiply is)
+        q = static_cast<int64_t>(static_cast<double>(xv) * inv_local);
+        r = xv - q * local;
+        if (r < 0) {
+          --q;
+          r += local;
+        } else if (r >= local) {
+          ++q;
+          r -= local;
         }
-        p = q;
-        nx = static_cast<index_t>(r);
       } else {
-        p = static_cast<int64_t>(u % static_cast<uindex_t>(g)) / std::max<int64_t>(lnb[t], 1);
-        nx = static_cast<index_t>(u / static_cast<uindex_t>(g));
+        q = xv / local;
+        r = xv % local;
       }
+      p = q;
+      nx = static_cast<index_t>(r);
+    } else {
+      p = static_cast<int64_t>(u % static_cast<uindex_t>(g)) / std::max<int64_t>(lnb, 1);
+      nx = static_cast<index_t>(u / static_cast<uindex_t>(g));
     }
-    if (keep[t]) nx = x;
+    if (keep) nx = x;
     return {p, nx};
+  }
+};
+
+struct Bucketizer {
+  // per feature
+  std::vector<int64_t> blk, gnb, lnb;
+  std::vector<double> inv_local;  // 1 / (blk * lnb): the even split divides by multiplying
+  std::vector<uint8_t> keep;
+  std::vector<std::vector<int64_t>> bounds;  // uneven: boundaries per feature (empty: even)
+  int64_t my_size = 1;
+
+  FeatureSplit feature(int64_t t) const {
+    const auto& bd = bounds[t];
+    return FeatureSplit{blk[t], gnb[t], lnb[t], blk[t] * lnb[t], my_size, inv_local[t],
+                        keep[t] != 0, bd.empty() ? nullptr : bd.data(),
+                        static_cast<int64_t>(bd.size())};
   }
 };
 
@@ -880,20 +891,33 @@ block_bucketize_sparse_features(const at::Tensor& lengths, const at::Tensor& ind
     const index_t* x = idx_c.data_ptr<index_t>();
     index_t* ox = out_indices.data_ptr<index_t>();
     std::vector<index_t> new_id(n);  // pass 1 computes (bucket, new id) once per id
-    // pass 1: bucket and new id of every id, counts per (bucket, bag)
+    // pass 1: bucket and new id of every id, counts per (bucket, bag).  Raw pointers and a
+    // per-bag count in locals: through the captured vectors every store would make the compiler
+    // reload their data pointers and the count.
     parallel_over(n_len, n, [&](int64_t k0, int64_t k1) {
+      int32_t* bkt = bucket.data();
+      index_t* nid = new_id.data();
+      int64_t* cnt = count.data();
+      const int64_t buckets = my_size, stride = n_len;
+      std::vector<int64_t> bag_count(buckets);
       for (int64_t k = k0; k < k1; ++k) {
-        const int64_t t = bag_table[k];
-        for (int64_t i = off[k]; i < off[k + 1]; ++i) {
-          const auto r = bk(t, x[i]);
+        const FeatureSplit split = bk.feature(bag_table[k]);
+        std::fill(bag_count.begin(), bag_count.end(), 0);
+        int64_t* bc = bag_count.data();
+        for (int64_t i = off[k], end = off[k + 1]; i < end; ++i) {
+          const auto r = split(x[i]);
           const int64_t p = r.first;
-          TORCH_CHECK_VALUE(p >= 0 && p < my_size, "indices: id ", static_cast<int64_t>(x[i]),
-                            " of feature ", t, " maps to bucket ", p, ", outside [0, my_size=",
-                            my_size, "): check block_sizes / block_bucketize_pos / total_num_blocks");
-          bucket[i] = static_cast<int32_t>(p);
-          new_id[i] = r.second;
-          ++count[p * n_len + k];
+          if (__builtin_expect(p < 0 || p >= buckets, 0)) {
+            TORCH_CHECK_VALUE(false, "indices: id ", static_cast<int64_t>(x[i]), " of feature ",
+                              bag_table[k], " maps to bucket ", p, ", outside [0, my_size=",
+                              buckets, "): check block_sizes / block_bucketize_pos / "
+                              "total_num_blocks");
+          }
+          bkt[i] = static_cast<int32_t>(p);
+          nid[i] = r.second;
+          ++bc[p];
         }
+        for (int64_t p = 0; p < buckets; ++p) cnt[p * stride + k] = bc[p];
       }
     });
     // bucket-major output offsets (exclusive scan over (bucket, bag))
