@@ -9,7 +9,8 @@ op has one, else the torch-composite reference), called through ``torch.ops.torc
 "fbgemm" is ``torch.ops.fbgemm.<op>``.  Timings are interleaved (one call of each per round) and
 the medians compared, so load changes on a shared machine hit both sides alike.
 
-Writes benchmarks/results/ops.json: per op ``op``, ``ours_ms``, ``fbgemm_ms``, ``ratio``
+Writes benchmarks/results/ops.json (and its table in docs/ops.md; a run limited by ``--only`` or
+``--areas`` writes benchmarks/results/ops_partial.json instead and leaves both alone): per op ``op``, ``ours_ms``, ``fbgemm_ms``, ``ratio``
 (ours / fbgemm), ``shapes``, ``backend``, ``area``, ``target``, ``meets_target``.  Targets: ratio
 <= 1.0 for training-path ops, <= 0.2 for jagged_jagged_bmm / jagged_dense_bmm.  ``--quick`` uses
 smaller batches for the embedding (B=32) and jagged (B=64) cases and fewer rounds (under a
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import importlib.util
 import os
 import statistics
 import sys
@@ -98,6 +100,17 @@ def run_area(area: str, quick: bool, only: List[str]) -> List[Dict[str, object]]
     return rows
 
 
+def _update_doc_table() -> str:
+    """Rewrite the benchmark table of docs/ops.md from the JSON just written."""
+    spec = importlib.util.spec_from_file_location(
+        "gen_ops", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "docs", "gen_ops.py"))
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    gen.update_benchmark()
+    return f"updated the benchmark table of {gen.DOC}"
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller batches, fewer rounds (< 60 s)")
@@ -122,7 +135,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     missed = [r["op"] for r in rows if r["meets_target"] is False]
     print(f"\n{len(rows)} cases in {time.perf_counter() - t0:.1f} s; "
           f"missing their ratio target: {', '.join(missed) if missed else 'none'}")
-    path = write_json("ops", {
+    partial = bool(only) or set(areas) != set(AREAS)
+    # a subset is not the published table: it goes to ops_partial.json (git-ignored), so a quick
+    # look at one op cannot replace the full run that docs/ops.md shows
+    path = write_json("ops_partial" if partial else "ops", {
         "quick": args.quick,
         "torch_threads": torch.get_num_threads(),
         "shape_note": "B=256 sequences, heavy-tailed lengths <= 512 (mean ~128), D=256 fp32 "
@@ -130,6 +146,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         "rows": rows,
     })
     print(f"wrote {path}")
+    if not partial:
+        print(_update_doc_table())
     return 0
 
 

@@ -240,7 +240,7 @@ at::Tensor nobag(const at::Tensor& weights_in, const at::Tensor& weights_offsets
   const int64_t B = (static_cast<int64_t>(offs.size()) - 1) / T;
   const int64_t N = indices.numel();
   const auto dt = out_dtype(w, output_dtype);
-  auto out = at::empty({N, D}, w.options().dtype(dt));
+  auto out = empty_output({N, D}, w.options().dtype(dt));
   check_offsets(offs, T * B, N);
   const int64_t end = T * B > 0 ? offs[T * B] : 0;
   const int64_t wn = w.numel();

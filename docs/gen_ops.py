@@ -2,8 +2,9 @@
 
 ``python docs/gen_ops.py`` rewrites the generated sections of docs/ops.md (between
 ``<!-- BEGIN <name> -->`` / ``<!-- END <name> -->`` markers); ``--check`` exits 1 when the
-coverage section is out of date (tests/ops/test_sparse.py runs the same comparison), so the
-coverage table cannot drift from ``torchrec_ascend.ops.registry``.
+coverage section or the benchmark table is out of date (tests/ops/test_sparse.py runs the same
+comparisons), so neither can drift from ``torchrec_ascend.ops.registry`` and
+benchmarks/results/ops.json.
 
 Sections:
 * ``coverage``: op x backend, from the registered :class:`OpSpec` s (what implementations
@@ -123,6 +124,23 @@ def documented_coverage(path: str = DOC) -> Optional[str]:
         return _section(f.read(), "coverage")
 
 
+def documented_benchmark(path: str = DOC) -> Optional[str]:
+    """The benchmark table as docs/ops.md has it now."""
+    with open(path) as f:
+        return _section(f.read(), "benchmark")
+
+
+def update_benchmark(path: str = DOC) -> None:
+    """Rewrite only the benchmark section (benchmarks/ops.py calls this after a full run)."""
+    bench = benchmark_markdown()
+    if bench is None:
+        return
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(_replace(text, "benchmark", bench))
+
+
 def update(path: str = DOC) -> None:
     """Rewrite the generated sections of docs/ops.md."""
     with open(path) as f:
@@ -141,7 +159,12 @@ def main(argv: List[str]) -> int:
         if documented_coverage() != coverage_markdown().strip():
             print("docs/ops.md: coverage table is out of date; run python docs/gen_ops.py")
             return 1
-        print("docs/ops.md: coverage table up to date")
+        bench = benchmark_markdown()
+        if bench is not None and documented_benchmark() != bench.strip():
+            print("docs/ops.md: benchmark table differs from benchmarks/results/ops.json; run "
+                  "python docs/gen_ops.py")
+            return 1
+        print("docs/ops.md: coverage and benchmark tables up to date")
         return 0
     update()
     print(f"updated {DOC}")

@@ -761,8 +761,7 @@ def test_torchrec_kjt_on_our_kernels():
 # --------------------------------------------------------------------------- docs/ops.md
 
 
-def test_docs_coverage_table_is_generated():
-    """docs/ops.md's coverage table is what docs/gen_ops.py builds from the registry today."""
+def _gen_ops():
     import importlib.util
     import pathlib
 
@@ -770,5 +769,21 @@ def test_docs_coverage_table_is_generated():
     spec_ = importlib.util.spec_from_file_location("gen_ops", path)
     gen = importlib.util.module_from_spec(spec_)
     spec_.loader.exec_module(gen)
+    return gen
+
+
+def test_docs_coverage_table_is_generated():
+    """docs/ops.md's coverage table is what docs/gen_ops.py builds from the registry today."""
+    gen = _gen_ops()
     assert gen.documented_coverage() == gen.coverage_markdown().strip(), \
         "docs/ops.md coverage table is stale: run python docs/gen_ops.py"
+
+
+def test_docs_benchmark_table_is_the_committed_run():
+    """docs/ops.md's benchmark table is benchmarks/results/ops.json's (a full benchmark run
+    rewrites both; a stale table would misreport the ratios)."""
+    gen = _gen_ops()
+    bench = gen.benchmark_markdown()
+    assert bench is not None, "benchmarks/results/ops.json is missing"
+    assert gen.documented_benchmark() == bench.strip(), \
+        "docs/ops.md benchmark table is stale: run python docs/gen_ops.py"
