@@ -15,8 +15,6 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-#elif defined(__SSE2__)
-#include <emmintrin.h>
 #endif
 
 #include <algorithm>
@@ -72,7 +70,7 @@ std::vector<int64_t> offsets_of(const std::vector<int64_t>& lengths, const char*
 #if defined(__x86_64__)
 // out[j] = base + j for j in [0, len) with 32-byte AVX2 stores (eight int64 / sixteen int32 per
 // step): twice SSE2's bytes per store, which is what bounds this loop when the output sits in
-// cache (about 20% under fbgemm's offsets_range, and 15% under our SSE2 loop, measured A/B).
+// cache (about 20% under fbgemm's offsets_range, and 15% under an SSE2 loop, measured A/B).
 template <typename index_t>
 __attribute__((target("avx2"))) void fill_iota_avx2(index_t* __restrict__ out, int64_t len,
                                                      int64_t base) {
@@ -106,45 +104,17 @@ const bool kIotaAvx2 = __builtin_cpu_supports("avx2");
 #endif
 
 // out[j] = base + j for j in [0, len): the fill of offsets_range / expand_into_jagged_permute.
-// AVX2 where the CPU has it (checked once at load), else SSE2 (every x86-64) four entries per
-// step; elsewhere a 4-way unrolled scalar loop.
+// AVX2 where the CPU has it (checked once at load); elsewhere a plain loop, which -O3 vectorises
+// for the baseline ISA (SSE2 on x86-64, NEON on aarch64).
 template <typename index_t>
 inline void fill_iota(index_t* __restrict__ out, int64_t len, int64_t base) {
-  int64_t j = 0;
 #if defined(__x86_64__)
   if (kIotaAvx2 && len >= 8) {
     fill_iota_avx2(out, len, base);
     return;
   }
 #endif
-#if defined(__SSE2__)
-  if constexpr (sizeof(index_t) == 8) {
-    __m128i v0 = _mm_set_epi64x(base + 1, base), v1 = _mm_set_epi64x(base + 3, base + 2);
-    const __m128i step = _mm_set1_epi64x(4);
-    for (; j + 4 <= len; j += 4) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), v0);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j + 2), v1);
-      v0 = _mm_add_epi64(v0, step);
-      v1 = _mm_add_epi64(v1, step);
-    }
-  } else {
-    const auto b = static_cast<int32_t>(base);
-    __m128i v = _mm_set_epi32(b + 3, b + 2, b + 1, b);
-    const __m128i step = _mm_set1_epi32(4);
-    for (; j + 4 <= len; j += 4) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), v);
-      v = _mm_add_epi32(v, step);
-    }
-  }
-#else
-  for (; j + 4 <= len; j += 4) {
-    out[j] = static_cast<index_t>(base + j);
-    out[j + 1] = static_cast<index_t>(base + j + 1);
-    out[j + 2] = static_cast<index_t>(base + j + 2);
-    out[j + 3] = static_cast<index_t>(base + j + 3);
-  }
-#endif
-  for (; j < len; ++j) out[j] = static_cast<index_t>(base + j);
+  for (int64_t j = 0; j < len; ++j) out[j] = static_cast<index_t>(base + j);
 }
 
 // A new CPU tensor of `like`'s dtype, without a dispatcher round trip (~0.3 us of a 3 us op).
