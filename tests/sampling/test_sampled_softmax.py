@@ -66,7 +66,7 @@ def _compare(inputs: Dict[str, torch.Tensor], run, ref, atol=2e-5, rtol=2e-5):
 
 
 def _batch(t=13, d=8, r=11, k=0, n=40, seed=None, hits=True, mixed=False):
-    g = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
+    g = torch.Generator().manual_seed(seed if seed is not None else torch.initial_seed())
     pos = torch.randint(0, n, (t,), generator=g)
     sampler = MixedSampler(n) if mixed else UniformSampler(n)
     neg = sampler.sample(pos, r, g)
@@ -144,7 +144,8 @@ def test_jagged_valid_mask_lengths_0_1_max():
 def test_positive_in_pool_is_masked_not_downweighted():
     """Every token has the same positive, which is also pool entry 0: that row gets no gradient
     at all and the loss equals the loss of the pool without it."""
-    t, d, n = 6, 8, 20
+    t, d = 6, 8
+    torch.manual_seed(1234)
     pos = torch.full((t,), 7)
     ids = torch.tensor([7, 1, 2, 3])
     neg = NegativeSample(ids, torch.zeros(4), torch.zeros(t))
@@ -155,7 +156,14 @@ def test_positive_in_pool_is_masked_not_downweighted():
     assert torch.count_nonzero(ne.grad[0]) == 0 and torch.count_nonzero(ne.grad[1:]) > 0
     without = loss_fn(q, pos, pe, NegativeSample(ids[1:], torch.zeros(3), torch.zeros(t)),
                       ne.detach()[1:])
-    assert float(out.detach()) == float(without.detach())  # exactly: the masked term adds exp(.) == 0.0
+    # The two losses reduce rows of different length (4 vs 3 logits), so the vectorised
+    # logsumexp may round differently by CPU (AVX2 vs AVX-512): compare with a tolerance far
+    # below what a down-weighted positive would change (a logit counted at any finite weight
+    # moves the loss by > 1e-3 here; the float64 loop below pins the exact value).
+    torch.testing.assert_close(out.detach(), without.detach(), rtol=1e-6, atol=0.0)
+    expect = _reference(q.double(), pos, pe.double(), neg, ne.detach().double(), tau=0.1,
+                        logq=False)
+    torch.testing.assert_close(out.detach().double(), expect, rtol=1e-6, atol=0.0)
 
 
 def test_all_negatives_masked_gives_zero_loss_and_finite_grads():
@@ -224,7 +232,7 @@ def test_no_positive_leaks_as_negative_with_real_samplers(kind):
     row a non-zero one; the loss equals the float64 loop that leaves those rows out."""
     from torchrec_ascend.sampling import make_sampler
     n, t, d = 25, 12, 6
-    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    g = torch.Generator().manual_seed(torch.initial_seed())
     pos = torch.randint(0, n, (t,), generator=g)
     neg = make_sampler(kind, n).sample(pos, 20, g)
     assert bool(torch.isin(pos, neg.ids).all()) or kind == "mixed"

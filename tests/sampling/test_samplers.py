@@ -23,7 +23,7 @@ def _chi2_bound(df: int) -> float:
 
 def test_uniform_is_uniform_and_log_q():
     n, r = 50, 200_000
-    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    g = torch.Generator().manual_seed(torch.initial_seed())
     s = UniformSampler(n).sample(torch.tensor([3, 7]), r, g)
     assert s.ids.shape == (r,) and s.ids.dtype == torch.int64 and s.shared
     assert int(s.ids.min()) >= 0 and int(s.ids.max()) < n
@@ -37,7 +37,7 @@ def test_popularity_frequencies_match_counts():
     n, r = 40, 200_000
     counts = torch.rand(n) * 10
     counts[5] = 0.0  # never drawn
-    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    g = torch.Generator().manual_seed(torch.initial_seed())
     sampler = PopularitySampler(counts, alpha=0.75)
     s = sampler.sample(torch.tensor([1]), r, g)
     w = counts.double() ** 0.75
@@ -73,7 +73,7 @@ def test_log_q_is_expected_count_shared_pool(kind):
     p = torch.rand(n, dtype=torch.float64) + 0.2
     p /= p.sum()
     sampler = make_sampler(kind, n, counts=p) if kind != "uniform" else UniformSampler(n)
-    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    g = torch.Generator().manual_seed(torch.initial_seed())
     f = torch.rand(n, dtype=torch.float64) + 0.5
 
     def draw(_):
@@ -91,7 +91,7 @@ def test_log_q_is_expected_count_per_token(kind):
     p = torch.rand(n, dtype=torch.float64) + 0.2
     p /= p.sum()
     sampler = make_sampler(kind, n, counts=p) if kind != "uniform" else UniformSampler(n)
-    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    g = torch.Generator().manual_seed(torch.initial_seed())
     f = torch.rand(n, dtype=torch.float64) + 0.5
 
     def draw(_):
