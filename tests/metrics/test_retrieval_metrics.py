@@ -7,12 +7,14 @@ import math
 import pytest
 import torch
 
-from torchrec_ascend.metrics import RetrievalMetrics, filter_history, metrics_from_ranks, target_ranks
+from torchrec_ascend.metrics import (NonFiniteScoreError, RetrievalMetrics, check_finite_scores,
+                                    filter_history, metrics_from_ranks, target_ranks)
 
 
 def loop_metrics(scores, targets, histories, ks):
-    """Oracle: per query, drop history items (not the target), count items ranked above the
-    target (higher score, or equal score and smaller index), then HR / NDCG / MRR in float64."""
+    """Oracle: per query, drop history items (not the target), count the other items ranked at or
+    above the target (higher or equal score: the pessimistic tie rule), then HR / NDCG / MRR in
+    float64."""
     hr = {k: 0.0 for k in ks}
     ndcg = {k: 0.0 for k in ks}
     mrr = 0.0
@@ -24,7 +26,7 @@ def loop_metrics(scores, targets, histories, ks):
         for i, v in enumerate(row):
             if i == t or i in hist:
                 continue
-            if v > row[t] or (v == row[t] and i < t):
+            if v >= row[t]:
                 rank += 1
         for k in ks:
             if rank < k:
@@ -88,3 +90,42 @@ def test_errors():
         filter_history(torch.zeros(1, 3), torch.tensor([5]), torch.tensor([0, 1]), torch.tensor([0]))
     with pytest.raises(ValueError, match="ks"):
         RetrievalMetrics([0])
+
+
+def test_ties_do_not_favour_low_item_indices():
+    """Relabelling the items (a column permutation) never changes a target's rank, and a target
+    tied with every candidate is ranked last (pessimistic), whatever its index."""
+    g = torch.Generator().manual_seed(5)
+    b, n = 16, 50
+    scores = torch.randint(0, 4, (b, n), generator=g).float()  # heavy ties
+    targets = torch.randint(0, n, (b,), generator=g)
+    perm = torch.randperm(n, generator=g)
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(n)
+    ranks = target_ranks(scores, targets)
+    ranks_perm = target_ranks(scores[:, perm], inv[targets])
+    assert torch.equal(ranks, ranks_perm)
+    flat = torch.zeros(3, n)
+    assert target_ranks(flat, torch.tensor([0, 17, n - 1])).tolist() == [n - 1] * 3
+
+
+def test_non_finite_scores_are_errors_not_metrics():
+    scores = torch.randn(3, 6)
+    scores[1, 2] = float("nan")
+    with pytest.raises(NonFiniteScoreError, match="evaluation batch 4, user 42"):
+        check_finite_scores(scores, users=[7, 42, 9], batch=4)
+    with pytest.raises(NonFiniteScoreError):  # NaN at the target: once rank 0, HR = 1
+        target_ranks(scores, torch.tensor([0, 2, 1]))
+    with pytest.raises(NonFiniteScoreError):  # NaN elsewhere in the row
+        target_ranks(scores, torch.tensor([0, 1, 1]))
+    inf = torch.randn(2, 4)
+    inf[0, 3] = float("inf")
+    with pytest.raises(NonFiniteScoreError, match="row 0"):
+        check_finite_scores(inf)
+    with pytest.raises(NonFiniteScoreError):
+        target_ranks(inf, torch.tensor([3, 0]))
+    # -inf from history filtering is allowed (those candidates are out), a finite target ranks
+    filt = filter_history(torch.randn(2, 4), torch.tensor([1, 2]), torch.tensor([0, 1, 2]),
+                          torch.tensor([0, 0]))
+    assert target_ranks(filt, torch.tensor([0, 0])).shape == (2,)
+    check_finite_scores(torch.randn(2, 4))

@@ -11,10 +11,12 @@ from .flops import (
     sasrec_forward_flops,
     training_flops,
 )
-from .retrieval import DEFAULT_KS, RetrievalMetrics, filter_history, metrics_from_ranks, target_ranks
+from .retrieval import (DEFAULT_KS, NonFiniteScoreError, RetrievalMetrics, check_finite_scores,
+                        filter_history, metrics_from_ranks, target_ranks)
 
 __all__ = [
-    "DEFAULT_KS", "RetrievalMetrics", "device_peak_flops", "filter_history",
+    "DEFAULT_KS", "NonFiniteScoreError", "RetrievalMetrics", "check_finite_scores",
+    "device_peak_flops", "filter_history",
     "measure_peak_gemm_flops", "metrics_from_ranks", "mfu", "sampled_softmax_flops",
     "sasrec_forward_flops", "target_ranks", "training_flops",
 ]

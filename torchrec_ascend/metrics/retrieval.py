@@ -2,13 +2,19 @@
 
 For each query the model scores every item; the items of the user's history are removed from the
 candidates (set to ``-inf``) **except the target itself** (a user may re-consume an item; removing
-it would make the query unanswerable).  The target's 0-based rank is
+it would make the query unanswerable).  The target's 0-based rank is **pessimistic**:
 
-``rank = #{candidates scoring higher} + #{candidates scoring equal with a smaller item index}``
+``rank = #{other candidates scoring higher or equal}``
 
-(ties broken by item index, deterministically: this matters for count-based baselines such as
-most-popular).  Then ``HR@K = [rank < K]``, ``NDCG@K = [rank < K] / log2(rank + 2)`` (one relevant
-item, so IDCG = 1) and ``MRR = 1 / (rank + 1)`` (no cut-off).
+so a target tied with other candidates is ranked below all of them.  No item index is favoured
+(breaking ties by index would reward whatever the id mapping puts first), and count-based
+baselines such as most-popular, whose scores tie a lot, are never flattered.  Then
+``HR@K = [rank < K]``, ``NDCG@K = [rank < K] / log2(rank + 2)`` (one relevant item, so IDCG = 1)
+and ``MRR = 1 / (rank + 1)`` (no cut-off).
+
+Scores must be finite: a NaN or infinite score is a broken model, never a metric
+(:func:`check_finite_scores` names the batch and the user; :func:`target_ranks` refuses NaN
+anywhere and a non-finite target score).
 """
 
 from __future__ import annotations
@@ -46,8 +52,34 @@ def filter_history(scores: torch.Tensor, history: torch.Tensor, history_offsets:
     return out
 
 
+class NonFiniteScoreError(ValueError):
+    """A model produced a NaN or infinite score: ``batch`` (0-based evaluation batch), ``row``
+    (its row in the batch) and ``user`` (the caller's id for that row, when given)."""
+
+    def __init__(self, batch: Optional[int], row: int, user: Optional[int], value: float) -> None:
+        where = f"evaluation batch {batch}, " if batch is not None else ""
+        who = f"user {user}" if user is not None else f"row {row}"
+        super().__init__(f"scores: non-finite score {value} in {where}{who} (row {row}); "
+                         "a NaN/inf score is a broken model, not a metric")
+        self.batch, self.row, self.user, self.value = batch, row, user, value
+
+
+def check_finite_scores(scores: torch.Tensor, users: Optional[Sequence[int]] = None,
+                        batch: Optional[int] = None) -> None:
+    """Raise :class:`NonFiniteScoreError` naming the first row (and its user) with a NaN or
+    infinite score; call it on the model's raw scores, before :func:`filter_history`."""
+    finite = torch.isfinite(scores)
+    if bool(finite.all()):
+        return
+    bad = (~finite).flatten().nonzero()[0].item()
+    row, col = divmod(int(bad), scores.shape[-1])
+    user = int(users[row]) if users is not None else None
+    raise NonFiniteScoreError(batch, row, user, float(scores[row, col]))
+
+
 def target_ranks(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """0-based rank of ``targets`` [B] in each row of ``scores`` [B, N] (ties by item index)."""
+    """0-based pessimistic rank of ``targets`` [B] in each row of ``scores`` [B, N]: the number of
+    other candidates scoring higher or equal (``-inf`` entries are filtered candidates)."""
     check_tensor("scores", scores, dim=2)
     check_tensor("targets", targets, dim=1, dtypes=(torch.int32, torch.int64))
     b, n = scores.shape
@@ -55,12 +87,15 @@ def target_ranks(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"targets: expected {b} entries, got {targets.numel()}")
     if b and (int(targets.min()) < 0 or int(targets.max()) >= n):
         raise ValueError(f"targets: item ids must be in [0, {n})")
+    if bool(torch.isnan(scores).any()):
+        row = int(torch.isnan(scores).any(1).nonzero()[0])
+        raise NonFiniteScoreError(None, row, None, float("nan"))
     t = targets.long().view(-1, 1)
     s_t = scores.gather(1, t)
-    higher = (scores > s_t).sum(1)
-    idx = torch.arange(n, device=scores.device).view(1, -1)
-    ties = ((scores == s_t) & (idx < t)).sum(1)
-    return higher + ties
+    if not bool(torch.isfinite(s_t).all()):
+        row = int((~torch.isfinite(s_t)).flatten().nonzero()[0])
+        raise NonFiniteScoreError(None, row, None, float(s_t[row]))
+    return (scores >= s_t).sum(1) - 1  # the target itself is the one equal entry not counted
 
 
 class RetrievalMetrics:
