@@ -1,0 +1,454 @@
+"""Move a jagged batch between ranks so that every rank gets about the same cost.
+
+:class:`AllToAllBalancer` runs, on every rank of the process group (a collective):
+
+1. validate the local batch; ``all_gather`` a header ``[B, schema hash, error flag]`` (so bad input
+   or ranks that disagree on field names/dtypes/shapes raise the same ``ValueError`` on every rank
+   instead of hanging);
+2. ``all_gather`` each sample's cost (float64 bits) and lengths (padded to the largest local batch);
+3. plan the global batch with :meth:`~.assign.RankPlanner.plan_costs` (deterministic, so every
+   rank computes the same plan; costs are computed where the sample lives, so ranks need not
+   share a cost model);
+4. one ``all_to_all_single`` of a byte buffer packing every field: per destination rank, the
+   token fields of each jagged group, then the sample fields (names sorted), every segment
+   padded to 16 bytes (so the receiver views them back in their dtype without a copy).  Lengths are not sent (every rank
+   has them from step 2).
+
+A rank receives its samples ordered by (source rank, source index), i.e. by global index (rank
+``r``'s samples are global indices ``sum(B[:r]) ..``).  :meth:`BalancedBatch.restore` sends
+per-sample results back (one ``all_to_all_single``) in the original order on the original rank.
+The exchange moves data: fields must not require grad (balance inputs before the model), and
+``restore`` is not differentiable (it is for metrics and per-sample outputs).
+
+Without an initialised process group (one process) the balancer is the identity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .assign import RankPlanner
+
+__all__ = ["AllToAllBalancer", "BalancedBatch"]
+
+ALIGN = 16  # bytes; covers every dtype's alignment (complex128 included)
+
+
+# ---------------------------------------------------------------------- collectives
+def _world(group) -> Tuple[int, int]:
+    if not dist.is_available() or not dist.is_initialized():
+        return 1, 0
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+def _all_gather(t: torch.Tensor, world: int, group) -> torch.Tensor:
+    """``[world, *t.shape]``: every rank's ``t`` (same shape everywhere)."""
+    if world == 1:
+        return t.unsqueeze(0)
+    out = torch.empty((world * t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, t.contiguous(), group=group)  # concatenated form: gloo refuses the stacked one
+    return out.reshape((world,) + tuple(t.shape))
+
+
+def _all_to_all(send: torch.Tensor, send_splits: List[int], recv_splits: List[int], world: int,
+                group) -> torch.Tensor:
+    """One ``all_to_all_single`` along dim 0 (the identity for one rank)."""
+    if world == 1:
+        return send
+    recv = torch.empty((sum(recv_splits),) + tuple(send.shape[1:]), dtype=send.dtype, device=send.device)
+    dist.all_to_all_single(recv, send, recv_splits, send_splits, group=group)
+    return recv
+
+
+# ---------------------------------------------------------------------- byte packing
+def _to_bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as 1-D ``uint8`` (its rows back to back)."""
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _pad(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclasses.dataclass(frozen=True)
+class _Field:
+    """One tensor of the batch: sample-level (``group=-1``) or tokens of jagged group ``group``."""
+
+    name: str
+    group: int
+    dtype: torch.dtype
+    trailing: Tuple[int, ...]
+
+    @property
+    def row_bytes(self) -> int:
+        return self.dtype.itemsize * int(np.prod(self.trailing, dtype=np.int64))
+
+
+def _pack(rows: Sequence[torch.Tensor], fields: Sequence[_Field], per_peer: Sequence[Sequence[int]],
+          device: torch.device) -> Tuple[torch.Tensor, List[int]]:
+    """Byte buffer with, per peer, each field's next ``per_peer[f][p]`` rows (each segment padded);
+    returns the buffer and the bytes per peer."""
+    world = len(per_peer[0]) if per_peer else 0
+    sizes = [sum(_pad(per_peer[f][p] * fld.row_bytes) for f, fld in enumerate(fields)) for p in range(world)]
+    buf = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+    pos = 0
+    src = [0] * len(fields)
+    flat = [_to_bytes(r) for r in rows]
+    for p in range(world):
+        for f, fld in enumerate(fields):
+            nb = per_peer[f][p] * fld.row_bytes
+            if nb:
+                buf[pos:pos + nb].copy_(flat[f][src[f]:src[f] + nb])
+            src[f] += nb
+            pos += _pad(nb)
+    return buf, sizes
+
+
+def _unpack(buf: torch.Tensor, fields: Sequence[_Field], per_peer: Sequence[Sequence[int]]) -> List[torch.Tensor]:
+    """Inverse of :func:`_pack` on the receiving side: one tensor per field, peers concatenated."""
+    world = len(per_peer[0]) if per_peer else 0
+    parts: List[List[torch.Tensor]] = [[] for _ in fields]
+    pos = 0
+    for p in range(world):
+        for f, fld in enumerate(fields):
+            n = per_peer[f][p]
+            nb = n * fld.row_bytes
+            parts[f].append(buf[pos:pos + nb].view(fld.dtype).reshape((n,) + fld.trailing))
+            pos += _pad(nb)
+    out = []
+    for f, fld in enumerate(fields):
+        if not parts[f]:
+            out.append(torch.empty((0,) + fld.trailing, dtype=fld.dtype, device=buf.device))
+        else:
+            out.append(parts[f][0] if len(parts[f]) == 1 else torch.cat(parts[f]))
+    return out
+
+
+def _token_index(lengths: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Token rows of samples ``order`` (in that order) of a jagged batch with ``lengths``."""
+    starts = torch.cumsum(lengths, 0) - lengths
+    ln = lengths[order]
+    total = int(ln.sum())
+    shift = starts[order] - (torch.cumsum(ln, 0) - ln)
+    return torch.repeat_interleave(shift, ln, output_size=total) + torch.arange(
+        total, dtype=torch.int64, device=lengths.device)
+
+
+# ---------------------------------------------------------------------- plan of one exchange
+@dataclasses.dataclass
+class _Exchange:
+    """Who sends which sample where; identical on every rank up to ``rank``."""
+
+    world: int
+    rank: int
+    group: object
+    counts: List[int]            # local batch size of every rank
+    bins: torch.Tensor           # [N] destination rank of every global sample (CPU)
+    costs: torch.Tensor          # [N] float64 (CPU)
+    glengths: torch.Tensor       # [N, G] lengths of every jagged group (CPU)
+    send_order: torch.Tensor     # [B] local indices grouped by destination, ascending (device)
+    send_counts: List[int]
+    recv_global: torch.Tensor    # [B'] global indices received, ascending (CPU)
+    recv_counts: List[int]
+
+    @property
+    def start(self) -> int:
+        return sum(self.counts[:self.rank])
+
+    def tokens(self, g: int) -> Tuple[List[int], List[int]]:
+        """Tokens of group ``g`` sent to / received from every peer."""
+        lens = self.glengths[:, g]
+        local_bins = self.bins[self.start:self.start + self.counts[self.rank]]
+        local = lens[self.start:self.start + self.counts[self.rank]]
+        send = torch.bincount(local_bins, weights=local.to(torch.float64), minlength=self.world)
+        offs = np.cumsum([0] + self.counts)
+        mine = (self.bins == self.rank).to(torch.float64) * lens.to(torch.float64)
+        recv = [int(mine[offs[r]:offs[r + 1]].sum()) for r in range(self.world)]
+        return [int(x) for x in send.tolist()], recv
+
+
+def _plan_exchange(counts: List[int], bins: torch.Tensor, costs: torch.Tensor, glengths: torch.Tensor,
+                   world: int, rank: int, group, device: torch.device) -> _Exchange:
+    offs = np.cumsum([0] + counts)
+    local = bins[offs[rank]:offs[rank + 1]]
+    send_order = torch.argsort(local, stable=True)
+    send_counts = torch.bincount(local, minlength=world).tolist()
+    recv_global = torch.nonzero(bins == rank).flatten()
+    recv_counts = [int(((recv_global >= offs[r]) & (recv_global < offs[r + 1])).sum()) for r in range(world)]
+    return _Exchange(world, rank, group, list(counts), bins, costs, glengths, send_order.to(device),
+                     send_counts, recv_global, recv_counts)
+
+
+# ---------------------------------------------------------------------- result
+@dataclasses.dataclass
+class BalancedBatch:
+    """This rank's share of the balanced global batch.
+
+    ``lengths [B']`` (the input's dtype), ``token_fields`` (``[T', ...]``), ``sample_fields``
+    (``[B', ...]``), ``num_targets [B']`` if given; samples in ascending global index.
+    ``source_rank`` / ``source_index`` say where each sample came from; ``rank_costs`` is the
+    plan's cost per rank (float64 ``[world]``) and ``imbalance`` its ``max / mean - 1``."""
+
+    lengths: torch.Tensor
+    token_fields: Dict[str, torch.Tensor]
+    sample_fields: Dict[str, torch.Tensor]
+    num_targets: Optional[torch.Tensor]
+    _ex: _Exchange
+    _groups: List[Tuple[torch.Tensor, Dict[str, torch.Tensor]]] = dataclasses.field(default_factory=list, repr=False)
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        """``[B' + 1]`` int64 offsets of ``lengths``."""
+        out = torch.zeros(self.lengths.numel() + 1, dtype=torch.int64, device=self.lengths.device)
+        torch.cumsum(self.lengths.to(torch.int64), 0, out=out[1:])
+        return out
+
+    @property
+    def source_rank(self) -> torch.Tensor:
+        offs = torch.tensor(np.cumsum(self._ex.counts), dtype=torch.int64)
+        return torch.searchsorted(offs, self._ex.recv_global, right=True)
+
+    @property
+    def source_index(self) -> torch.Tensor:
+        offs = torch.tensor(np.cumsum([0] + self._ex.counts), dtype=torch.int64)
+        return self._ex.recv_global - offs[self.source_rank]
+
+    @property
+    def rank_costs(self) -> torch.Tensor:
+        return torch.bincount(self._ex.bins, weights=self._ex.costs, minlength=self._ex.world)
+
+    @property
+    def imbalance(self) -> float:
+        c = self.rank_costs
+        return float(c.max() / c.mean() - 1.0) if float(c.sum()) > 0 else 0.0
+
+    def restore(self, per_sample: torch.Tensor) -> torch.Tensor:
+        """``per_sample [B', ...]`` (one row per balanced sample, any dtype) -> ``[B, ...]`` on the
+        rank the samples came from, in their original order.  Collective: every rank calls it,
+        with the same trailing shape and dtype."""
+        ex = self._ex
+        return self._send_back(per_sample, ex.recv_counts, ex.send_counts, ex.send_order, "per_sample")
+
+    def restore_tokens(self, per_token: torch.Tensor) -> torch.Tensor:
+        """``per_token [T', ...]`` (one row per balanced token of ``lengths``) -> ``[T, ...]`` on
+        the original rank in the original order.  Collective, like :meth:`restore`."""
+        ex = self._ex
+        send, recv = ex.tokens(0)
+        local_lengths = ex.glengths[ex.start:ex.start + ex.counts[ex.rank], 0]
+        order = _token_index(local_lengths, ex.send_order.cpu()).to(ex.send_order.device)
+        return self._send_back(per_token, recv, send, order, "per_token")
+
+    def _send_back(self, t: torch.Tensor, back: List[int], home: List[int], order: torch.Tensor,
+                   name: str) -> torch.Tensor:
+        if not isinstance(t, torch.Tensor) or t.dim() < 1 or t.shape[0] != sum(back):
+            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name}: expected {sum(back)} rows (this rank's balanced batch), got {shape}")
+        ex = self._ex
+        fld = _Field(name, -1, t.dtype, tuple(t.shape[1:]))
+        rb = fld.row_bytes
+        got = _all_to_all(_to_bytes(t.detach()), [n * rb for n in back], [n * rb for n in home],
+                          ex.world, ex.group)
+        rows = got.view(t.dtype).reshape((sum(home),) + fld.trailing) if rb else \
+            torch.empty((sum(home),) + fld.trailing, dtype=t.dtype, device=t.device)
+        out = torch.empty_like(rows)
+        out.index_copy_(0, order.to(rows.device), rows)
+        return out
+
+
+# ---------------------------------------------------------------------- balancer
+class AllToAllBalancer(RankPlanner):
+    """Balance jagged batches across the ranks of a process group by cost (module docstring);
+    constructor arguments (cost model, per-rank limits, empty ranks): :class:`~.assign.RankPlanner`."""
+
+    # -------------------------------------------------------------- public entry points
+    def balance(self, lengths: torch.Tensor, token_fields: Optional[Mapping[str, torch.Tensor]] = None,
+                sample_fields: Optional[Mapping[str, torch.Tensor]] = None, group=None, *,
+                num_targets: Optional[torch.Tensor] = None) -> BalancedBatch:
+        """Balance ``lengths [B]`` with ``token_fields`` (``[sum(lengths), ...]`` each) and
+        ``sample_fields`` (``[B, ...]`` each) over ``group``; ``num_targets [B]`` feeds the cost
+        model's target term and travels with the samples."""
+        return self._balance([(lengths, dict(token_fields or {}))], dict(sample_fields or {}),
+                             num_targets, group)
+
+    def balance_jagged(self, jt, sample_fields: Optional[Mapping[str, torch.Tensor]] = None, group=None,
+                       *, num_targets: Optional[torch.Tensor] = None):
+        """A TorchRec ``JaggedTensor`` (values, lengths, optional weights) in, ``(JaggedTensor,
+        BalancedBatch)`` out (the batch carries ``sample_fields`` and :meth:`~BalancedBatch.restore`)."""
+        from torchrec.sparse.jagged_tensor import JaggedTensor
+
+        if not isinstance(jt, JaggedTensor):
+            raise ValueError(f"jt: expected a torchrec JaggedTensor, got {type(jt).__name__}")
+        fields = {"values": jt.values()}
+        if jt.weights_or_none() is not None:
+            fields["weights"] = jt.weights()
+        out = self._balance([(jt.lengths(), fields)], dict(sample_fields or {}), num_targets, group)
+        return JaggedTensor(values=out.token_fields["values"], lengths=out.lengths,
+                            weights=out.token_fields.get("weights")), out
+
+    def balance_kjt(self, kjt, sample_fields: Optional[Mapping[str, torch.Tensor]] = None, group=None,
+                    *, cost_key: Optional[str] = None, num_targets: Optional[torch.Tensor] = None):
+        """A TorchRec ``KeyedJaggedTensor`` in (sample ``b`` is column ``b`` of every key; its cost
+        comes from the lengths of ``cost_key``, default the first key), ``(KeyedJaggedTensor,
+        BalancedBatch)`` out with the same keys; the batch's ``lengths``/``token_fields`` are
+        ``cost_key``'s.  Variable-stride KJTs are refused."""
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+        if not isinstance(kjt, KeyedJaggedTensor):
+            raise ValueError(f"kjt: expected a torchrec KeyedJaggedTensor, got {type(kjt).__name__}")
+        if kjt.variable_stride_per_key():
+            raise ValueError("kjt: variable stride per key is not supported (every key needs B samples)")
+        keys = list(kjt.keys())
+        if not keys:
+            raise ValueError("kjt: has no keys")
+        key = keys[0] if cost_key is None else cost_key
+        if key not in keys:
+            raise ValueError(f"cost_key: {key!r} is not a key of the KJT ({keys})")
+        B = kjt.stride()
+        lengths = kjt.lengths().reshape(len(keys), B)
+        per_key = kjt.length_per_key()
+        values = kjt.values().split(per_key)
+        weights = kjt.weights().split(per_key) if kjt.weights_or_none() is not None else None
+        order = [keys.index(key)] + [i for i in range(len(keys)) if keys[i] != key]
+        groups = []
+        for i in order:
+            fields = {"values": values[i]}
+            if weights is not None:
+                fields["weights"] = weights[i]
+            groups.append((lengths[i], fields))
+        out = self._balance(groups, dict(sample_fields or {}), num_targets, group)
+        back = {i: out._groups[j] for j, i in enumerate(order)}
+        kjt_out = KeyedJaggedTensor(
+            keys=keys, values=torch.cat([back[i][1]["values"] for i in range(len(keys))]),
+            weights=torch.cat([back[i][1]["weights"] for i in range(len(keys))]) if weights is not None else None,
+            lengths=torch.cat([back[i][0] for i in range(len(keys))]), stride=out.lengths.numel())
+        return kjt_out, out
+
+    # -------------------------------------------------------------- core
+    def _validate(self, groups, sample_fields, num_targets):
+        """Local checks -> (fields, lengths on CPU per group, costs); raises ValueError."""
+        fields: List[_Field] = []
+        lens_cpu: List[torch.Tensor] = []
+        dev = groups[0][0].device if isinstance(groups[0][0], torch.Tensor) else None
+        B = None
+        for g, (lengths, tok) in enumerate(groups):
+            if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1:
+                raise ValueError(f"lengths: expected a 1-D integer tensor, got "
+                                 f"{tuple(lengths.shape) if isinstance(lengths, torch.Tensor) else type(lengths).__name__}")
+            if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+                raise ValueError(f"lengths: expected an integer dtype, got {lengths.dtype}")
+            if lengths.device != dev:
+                raise ValueError(f"lengths: on {lengths.device}, the batch is on {dev}")
+            if B is not None and lengths.numel() != B:
+                raise ValueError(f"lengths: jagged group {g} has {lengths.numel()} samples, expected {B}")
+            B = lengths.numel()
+            lc = lengths.detach().to("cpu", torch.int64)
+            if B and int(lc.min()) < 0:
+                raise ValueError(f"lengths: must be >= 0, got min {int(lc.min())}")
+            lens_cpu.append(lc)
+            T = int(lc.sum())
+            for name in sorted(tok):
+                t = tok[name]
+                self._check_tensor("token_fields", name, t, T, "sum(lengths)", dev)
+                fields.append(_Field(name, g, t.dtype, tuple(t.shape[1:])))
+        for name in sorted(sample_fields):
+            t = sample_fields[name]
+            self._check_tensor("sample_fields", name, t, B, "len(lengths)", dev)
+            fields.append(_Field(name, -1, t.dtype, tuple(t.shape[1:])))
+        nt_cpu = None
+        if num_targets is not None:
+            self._check_tensor("num_targets", "", num_targets, B, "len(lengths)", dev)
+            nt_cpu = num_targets.detach().cpu()
+            fields.append(_Field("\0num_targets", -1, num_targets.dtype, tuple(num_targets.shape[1:])))
+        costs = self.cost_model.cost(lens_cpu[0], nt_cpu)
+        return fields, lens_cpu, costs
+
+    @staticmethod
+    def _check_tensor(kind: str, name: str, t, rows: int, what: str, dev) -> None:
+        label = f"{kind}[{name!r}]" if name else kind
+        if not isinstance(t, torch.Tensor) or t.dim() < 1:
+            raise ValueError(f"{label}: expected a tensor with a first dimension, got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        if t.shape[0] != rows:
+            raise ValueError(f"{label}: has {t.shape[0]} rows, expected {what} = {rows}")
+        if t.device != dev:
+            raise ValueError(f"{label}: on {t.device}, the batch (lengths) is on {dev}")
+        if t.requires_grad:
+            raise ValueError(f"{label}: requires grad; the exchange moves data and is not differentiable "
+                             f"(balance the inputs, before the model)")
+
+    def _balance(self, groups, sample_fields, num_targets, group) -> BalancedBatch:
+        world, rank = _world(group)
+        dev = groups[0][0].device if isinstance(groups[0][0], torch.Tensor) else torch.device("cpu")
+        error = None
+        try:
+            fields, lens_cpu, costs = self._validate(groups, sample_fields, num_targets)
+            schema = repr([(f.name, f.group, str(f.dtype), f.trailing) for f in fields]
+                          + [len(groups), str(groups[0][0].dtype)])
+            digest = int.from_bytes(hashlib.sha1(schema.encode()).digest()[:7], "little")
+            header = torch.tensor([costs.numel(), digest, 0], dtype=torch.int64)
+        except ValueError as exc:
+            error = exc
+            header = torch.tensor([0, 0, 1], dtype=torch.int64)
+        heads = _all_gather(header.to(dev), world, group).cpu()
+        bad = torch.nonzero(heads[:, 2]).flatten().tolist()
+        if error is not None:
+            raise ValueError(f"rank {rank}: {error}") from error
+        if bad:
+            raise ValueError(f"balance: bad input on rank(s) {bad} (their error says which)")
+        if len(set(heads[:, 1].tolist())) > 1:
+            raise ValueError(f"balance: ranks disagree on the batch's fields, dtypes, trailing shapes "
+                             f"or jagged groups (schema hash per rank: {heads[:, 1].tolist()})")
+        counts = heads[:, 0].tolist()
+        G, maxB = len(groups), max(counts)
+        meta = torch.zeros(maxB, 1 + G, dtype=torch.int64)
+        B = counts[rank]
+        meta[:B, 0] = costs.view(torch.int64)
+        for g in range(G):
+            meta[:B, 1 + g] = lens_cpu[g]
+        allm = _all_gather(meta.to(dev), world, group).cpu()
+        rows = torch.cat([allm[r, :counts[r]] for r in range(world)]) if maxB else meta[:0]
+        gcosts = rows[:, 0].contiguous().view(torch.float64)
+        glengths = rows[:, 1:]
+        bins = self.plan_costs(gcosts, glengths[:, 0], world)
+        ex = _plan_exchange(counts, bins, gcosts, glengths, world, rank, group, dev)
+        # ---- pack: sample rows in send order, token rows in send order per group
+        tok_idx = [_token_index(groups[g][0].to(torch.int64), ex.send_order) for g in range(G)]
+        traffic = [ex.tokens(g) for g in range(G)]
+        src_rows, send_per, recv_per = [], [], []
+        for f in fields:
+            if f.group < 0:
+                t = num_targets if f.name == "\0num_targets" else sample_fields[f.name]
+                src_rows.append(t.index_select(0, ex.send_order))
+                send_per.append(ex.send_counts)
+                recv_per.append(ex.recv_counts)
+            else:
+                src_rows.append(groups[f.group][1][f.name].index_select(0, tok_idx[f.group]))
+                send_per.append(traffic[f.group][0])
+                recv_per.append(traffic[f.group][1])
+        if fields:
+            buf, send_bytes = _pack(src_rows, fields, send_per, dev)
+            recv_bytes = [sum(_pad(recv_per[i][p] * f.row_bytes) for i, f in enumerate(fields))
+                          for p in range(world)]
+            got = _unpack(_all_to_all(buf, send_bytes, recv_bytes, world, group), fields, recv_per)
+        else:
+            got = []
+        # ---- assemble
+        mine = glengths[ex.recv_global]
+        out_groups = [(mine[:, g].to(device=dev, dtype=groups[g][0].dtype), {}) for g in range(G)]
+        out_samples: Dict[str, torch.Tensor] = {}
+        nt = None
+        for f, t in zip(fields, got):
+            if f.group >= 0:
+                out_groups[f.group][1][f.name] = t
+            elif f.name == "\0num_targets":
+                nt = t
+            else:
+                out_samples[f.name] = t
+        return BalancedBatch(out_groups[0][0], out_groups[0][1], out_samples, nt, ex, out_groups)
