@@ -212,7 +212,7 @@ def test_action_not_binary(tmp_path):
     cells[LOG_COLUMNS.index("is_like")] = "2"
     lines[3] = ",".join(cells)
     p = _write(tmp_path / "log.csv", lines)
-    with pytest.raises(KuaiRandDataError, match=r"row 3 .*'is_like'.*value 2"):
+    with pytest.raises(KuaiRandDataError, match=r"row 3 .*'is_like'.*value '2'"):
         preprocess([p], str(tmp_path / "c"))
 
 

@@ -1,11 +1,24 @@
-"""KuaiRand data: streaming readers, preprocessing into cached per-user sequences, and a
-deterministic generator of KuaiRand-format CSV files.  numpy + pyarrow only (no torchrec)."""
+"""Sequential data: streaming, validating readers (KuaiRand logs; any user/item/timestamp table
+as CSV / TSV / Parquet), preprocessing into cached per-user sequences, and deterministic
+generators (KuaiRand-format files, a generic events table).  numpy + pyarrow only (no torchrec).
+
+Every data error is a :class:`DataError` (``KuaiRandDataError`` is the same class) naming the
+file, the data row, the file line and the column; docs/datasets.md has the format and contract.
+"""
 
 from __future__ import annotations
 
-from .preprocess import EventLog, PreprocessStats, Sequences, load_kuairand, peak_rss_mb, preprocess
+from .errors import DataError, KuaiRandDataError
+from .preprocess import (
+    EventLog,
+    PreprocessStats,
+    Sequences,
+    build_cache,
+    load_kuairand,
+    peak_rss_mb,
+    preprocess,
+)
 from .reader import (
-    KuaiRandDataError,
     detect_format,
     iter_log_chunks,
     read_user_features,
@@ -15,8 +28,8 @@ from .schema import ACTION_BITS, PositiveRule, action_mask
 from .synthetic import SyntheticConfig, generate
 
 __all__ = [
-    "ACTION_BITS", "EventLog", "KuaiRandDataError", "PositiveRule", "PreprocessStats",
-    "Sequences", "SyntheticConfig", "action_mask", "detect_format", "generate",
-    "iter_log_chunks", "load_kuairand", "peak_rss_mb", "preprocess", "read_user_features",
-    "read_video_features",
+    "ACTION_BITS", "DataError", "EventLog", "KuaiRandDataError", "PositiveRule",
+    "PreprocessStats", "Sequences", "SyntheticConfig", "action_mask", "build_cache",
+    "detect_format", "generate", "iter_log_chunks", "load_kuairand", "peak_rss_mb",
+    "preprocess", "read_user_features", "read_video_features",
 ]

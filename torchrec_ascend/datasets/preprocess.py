@@ -1,23 +1,30 @@
-"""KuaiRand logs -> per-user event sequences, cached on disk in a compact form.
+"""Event streams -> per-user event sequences, cached on disk in a compact form.
 
-Bounded memory for any input size (KuaiRand-27K is 46 GB of CSV):
+One machinery for every reader (KuaiRand logs, generic tables), in bounded memory for any input
+size (KuaiRand-27K is 46 GB of CSV):
 
-1. stream every log file block by block (:func:`~.reader.iter_log_chunks`) and append each
-   event as a 25-byte record to one of ``num_buckets`` spill files chosen by ``user_id mod P``;
-   collect the distinct video and user ids;
-2. per bucket: load it (about ``rows / P`` records), sort by ``(user_id, time_ms)`` (stable, so
-   ties keep file order), remap raw ids to dense ``[0, n)`` indices (sorted raw id order), and
-   write into preallocated ``.npy`` memory maps.
+1. stream the source's event chunks (int64 user and item keys, time in ms, action byte) and
+   append each event as a 25-byte record to one of ``num_buckets`` spill files chosen by
+   ``user key mod P``; collect the distinct keys;
+2. per bucket: load it (about ``rows / P`` records), map keys to their final ids, sort by
+   ``(user, time_ms)`` (stable, so events of one user with the same millisecond keep file
+   order), map items to dense ``[0, n)`` indices, and write into preallocated ``.npy`` maps.
 
-Users come out ordered by ``(user_id mod P, user_id)``; within a user, events by time.  The cache
+Integer ids are their own keys: dense item index = rank of the raw id.  Text ids (a table's
+``id_type="str"``) arrive as first-appearance codes with the source's vocabulary; their final id
+is the rank of the text in byte-wise sorted order, and the sorted texts are cached.
+
+Users come out ordered by ``(key mod P, final id)``; within a user, events by time.  The cache
 (one folder, written under a temporary name and renamed when complete) holds
 
-``items`` int32 [E], ``times`` int64 [E], ``actions`` uint8 [E], ``user_offsets`` int64 [U+1],
-``user_ids`` int64 [U] (raw), ``item_ids`` int64 [I] (raw, index = dense id), ``meta.json``.
+``items`` int32 [E], ``times`` int64 [E] (ms), ``actions`` uint8 [E], ``user_offsets`` int64
+[U+1], ``user_ids`` int64 [U], ``item_ids`` int64 [I] (index = dense id), ``meta.json``, and for
+text ids ``user_vocab.arrow`` / ``item_vocab.arrow`` (the id text of each user id / dense item).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import hashlib
 import json
@@ -27,31 +34,37 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from .reader import DEFAULT_BLOCK_SIZE, KuaiRandDataError, iter_log_chunks
-from .schema import PositiveRule
+from .csv_stream import DEFAULT_BLOCK_SIZE, check_file
+from .errors import DataError
+from .reader import iter_log_chunks
+from .schema import ACTION_BITS, PositiveRule
 
 CACHE_VERSION = 1
 _RECORD = np.dtype([("u", "<i8"), ("v", "<i8"), ("t", "<i8"), ("a", "u1")])
+EventChunk = Dict[str, np.ndarray]  # "user", "item" int64 keys, "time_ms" int64, "actions" uint8
 
 
 def expand_paths(patterns: Sequence[str]) -> List[str]:
-    """Expand globs (sorted); a pattern matching nothing is kept so that reading it fails
-    with the file named."""
+    """Expand globs (sorted); a pattern matching nothing is a DataError naming it."""
     out: List[str] = []
     for p in patterns:
         hits = sorted(glob.glob(p)) if any(ch in p for ch in "*?[") else [p]
         if not hits:
-            raise KuaiRandDataError(p, 0, None, "no file matches this pattern")
+            raise DataError(p, 0, None, "no file matches this pattern")
         out.extend(hits)
     return out
 
 
-def _cache_key(paths: Sequence[str]) -> str:
-    h = hashlib.sha256(f"v{CACHE_VERSION}".encode())
+def cache_key(paths: Sequence[str], options: str = "") -> str:
+    """Hash of the files' paths, sizes and mtimes (and of the reading ``options``)."""
+    h = hashlib.sha256(f"v{CACHE_VERSION}|{options}".encode() if options else
+                       f"v{CACHE_VERSION}".encode())
     for p in paths:
         st = os.stat(p)
         h.update(f"{os.path.abspath(p)}|{st.st_size}|{st.st_mtime_ns}".encode())
@@ -113,93 +126,82 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def preprocess(paths: Sequence[str], cache_root: str, num_buckets: int = 32,
-               block_size: int = DEFAULT_BLOCK_SIZE, force: bool = False,
-               progress: bool = False) -> str:
-    """Build (or reuse) the cache for ``paths``; returns the cache folder."""
+class EventSource(Protocol):
+    """What :func:`build_cache` reads.
+
+    ``chunks()`` streams ``(path, chunk)`` with int64 ``user`` / ``item`` keys, ``time_ms`` and
+    ``actions``; afterwards ``vocab("user" | "item")`` is the text of each key (keys are codes
+    ``0..n-1`` into it) for text ids, or None for integer ids.  ``meta`` goes into meta.json."""
+
+    files: Sequence[str]
+    meta: Dict[str, Any]
+
+    def chunks(self) -> Iterator[Tuple[str, EventChunk]]: ...
+
+    def vocab(self, which: str) -> Optional[pa.Array]: ...
+
+
+def _text_ranks(vocab: pa.Array) -> Tuple[np.ndarray, pa.Array]:
+    """For codes into ``vocab``: the rank of each code's text in sorted order, the sorted texts."""
+    order = pc.sort_indices(vocab).to_numpy()
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order), dtype=np.int64)
+    return rank, vocab.take(pa.array(order))
+
+
+def _save_vocab(path: str, texts: pa.Array) -> None:
+    with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, pa.schema([("id", texts.type)])) as w:
+        w.write_table(pa.table({"id": texts}))
+
+
+def _load_vocab(path: str) -> Optional[pa.Array]:
+    if not os.path.isfile(path):
+        return None
+    with pa.memory_map(path) as f:
+        return pa.ipc.open_file(f).read_all().column("id").combine_chunks()
+
+
+def build_cache(source: EventSource, out_dir: str, num_buckets: int = 32,
+                progress: bool = False) -> str:
+    """Spill, sort and write ``source``'s events into the cache folder ``out_dir``."""
     if num_buckets < 1:
         raise ValueError(f"num_buckets: must be >= 1, got {num_buckets}")
-    files = expand_paths(paths)
-    for p in files:
-        if not os.path.isfile(p):
-            raise KuaiRandDataError(p, 0, None, "file does not exist")
-    out_dir = os.path.join(cache_root, f"kuairand-{_cache_key(files)}")
-    if os.path.isfile(os.path.join(out_dir, "meta.json")) and not force:
-        return out_dir
+    cache_root = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(cache_root, exist_ok=True)
     t0 = time.perf_counter()
     work = tempfile.mkdtemp(prefix=".tmp-", dir=cache_root)
     try:
         bucket_paths = [os.path.join(work, f"bucket{b:04d}.bin") for b in range(num_buckets)]
-        handles = [open(p, "wb") for p in bucket_paths]
-        users, items = _UniqueIds(), _UniqueIds()
-        rows = 0
-        try:
-            for path in files:
-                for _, ch in iter_log_chunks(path, block_size):
-                    n = len(ch["user_id"])
-                    rec = np.empty(n, dtype=_RECORD)
-                    rec["u"], rec["v"], rec["t"], rec["a"] = (
-                        ch["user_id"], ch["video_id"], ch["time_ms"], ch["actions"])
-                    b = ch["user_id"] % num_buckets
-                    order = np.argsort(b, kind="stable")
-                    bounds = np.searchsorted(b[order], np.arange(num_buckets + 1))
-                    for k in range(num_buckets):
-                        if bounds[k + 1] > bounds[k]:
-                            rec[order[bounds[k]:bounds[k + 1]]].tofile(handles[k])
-                    users.add(ch["user_id"])
-                    items.add(ch["video_id"])
-                    rows += n
-                    if progress:
-                        print(f"  read {rows:,} rows from {os.path.basename(path)}", flush=True)
-        finally:
-            for h in handles:
-                h.close()
+        rows, users, items = _spill(source, bucket_paths, progress)
         if rows == 0:
-            raise KuaiRandDataError(files[0], 0, None, "no data rows in any input file")
-        user_ids, item_ids = users.result(), items.result()
+            raise DataError(source.files[0], 0, None, "no data rows in any input file")
+        user_keys, item_keys = users.result(), items.result()
+        user_vocab, item_vocab = source.vocab("user"), source.vocab("item")
+        user_rank = item_rank = None
+        if user_vocab is not None:
+            user_rank, user_vocab = _text_ranks(user_vocab)
+        if item_vocab is not None:
+            item_rank, item_vocab = _text_ranks(item_vocab)
+            item_ids = np.arange(len(item_vocab), dtype=np.int64)
+        else:
+            item_ids = item_keys
         if len(item_ids) >= 2 ** 31:
-            raise ValueError(f"{len(item_ids)} distinct videos: more than int32 item indices hold")
+            raise ValueError(f"{len(item_ids)} distinct items: more than int32 item indices hold")
         tmp_out = os.path.join(work, "cache")
         os.makedirs(tmp_out)
-        mm = np.lib.format.open_memmap
-        items_mm = mm(os.path.join(tmp_out, "items.npy"), "w+", np.int32, (rows,))
-        times_mm = mm(os.path.join(tmp_out, "times.npy"), "w+", np.int64, (rows,))
-        acts_mm = mm(os.path.join(tmp_out, "actions.npy"), "w+", np.uint8, (rows,))
-        user_order: List[np.ndarray] = []
-        lengths: List[np.ndarray] = []
-        pos = 0
-        for bp in bucket_paths:
-            rec = np.fromfile(bp, dtype=_RECORD)
-            os.remove(bp)
-            if len(rec) == 0:
-                continue
-            order = np.lexsort((rec["t"], rec["u"]))  # stable; primary key last
-            rec = rec[order]
-            n = len(rec)
-            items_mm[pos:pos + n] = np.searchsorted(item_ids, rec["v"]).astype(np.int32)
-            times_mm[pos:pos + n] = rec["t"]
-            acts_mm[pos:pos + n] = rec["a"]
-            u, cnt = np.unique(rec["u"], return_counts=True)
-            user_order.append(u)
-            lengths.append(cnt)
-            pos += n
-            del rec
-        for a in (items_mm, times_mm, acts_mm):
-            a.flush()
-        del items_mm, times_mm, acts_mm
-        uo = np.concatenate(user_order)
-        offsets = np.zeros(len(uo) + 1, dtype=np.int64)
-        np.cumsum(np.concatenate(lengths), out=offsets[1:])
+        uo, offsets = _sort_buckets(bucket_paths, tmp_out, rows, item_keys, user_rank, item_rank)
         np.save(os.path.join(tmp_out, "user_ids.npy"), uo)
         np.save(os.path.join(tmp_out, "user_offsets.npy"), offsets)
         np.save(os.path.join(tmp_out, "item_ids.npy"), item_ids)
+        for name, vocab in (("user", user_vocab), ("item", item_vocab)):
+            if vocab is not None:
+                _save_vocab(os.path.join(tmp_out, f"{name}_vocab.arrow"), vocab)
         secs = time.perf_counter() - t0
         stats = PreprocessStats(rows, len(uo), len(item_ids), secs, peak_rss_mb())
-        meta = {"version": CACHE_VERSION, "files": [os.path.abspath(p) for p in files],
+        meta = {"version": CACHE_VERSION, "files": [os.path.abspath(p) for p in source.files],
                 "rows": rows, "users": len(uo), "items": len(item_ids),
                 "seconds": secs, "rows_per_s": stats.rows_per_s,
-                "peak_rss_mb": stats.peak_rss_mb, "num_buckets": num_buckets}
+                "peak_rss_mb": stats.peak_rss_mb, "num_buckets": num_buckets, **source.meta}
         with open(os.path.join(tmp_out, "meta.json"), "w") as f:
             json.dump(meta, f, indent=1)
         if os.path.isdir(out_dir):  # force=True rebuild: replace the old cache
@@ -208,6 +210,104 @@ def preprocess(paths: Sequence[str], cache_root: str, num_buckets: int = 32,
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out_dir
+
+
+def _spill(source: EventSource, bucket_paths: Sequence[str], progress: bool
+           ) -> Tuple[int, _UniqueIds, _UniqueIds]:
+    """Pass 1: every event to the spill file of its user's bucket; distinct keys."""
+    p = len(bucket_paths)
+    handles = [open(bp, "wb") for bp in bucket_paths]
+    users, items = _UniqueIds(), _UniqueIds()
+    rows = 0
+    try:
+        for path, ch in source.chunks():
+            n = len(ch["user"])
+            rec = np.empty(n, dtype=_RECORD)
+            rec["u"], rec["v"], rec["t"], rec["a"] = (
+                ch["user"], ch["item"], ch["time_ms"], ch["actions"])
+            b = ch["user"] % p
+            order = np.argsort(b, kind="stable")
+            bounds = np.searchsorted(b[order], np.arange(p + 1))
+            for k in range(p):
+                if bounds[k + 1] > bounds[k]:
+                    rec[order[bounds[k]:bounds[k + 1]]].tofile(handles[k])
+            users.add(ch["user"])
+            items.add(ch["item"])
+            rows += n
+            if progress:
+                print(f"  read {rows:,} rows from {os.path.basename(path)}", flush=True)
+    finally:
+        for h in handles:
+            h.close()
+    return rows, users, items
+
+
+def _sort_buckets(bucket_paths: Sequence[str], out: str, rows: int, item_keys: np.ndarray,
+                  user_rank: Optional[np.ndarray], item_rank: Optional[np.ndarray]
+                  ) -> Tuple[np.ndarray, np.ndarray]:
+    """Pass 2: per bucket, final ids, sort by (user, time), write; user ids and offsets."""
+    mm = np.lib.format.open_memmap
+    items_mm = mm(os.path.join(out, "items.npy"), "w+", np.int32, (rows,))
+    times_mm = mm(os.path.join(out, "times.npy"), "w+", np.int64, (rows,))
+    acts_mm = mm(os.path.join(out, "actions.npy"), "w+", np.uint8, (rows,))
+    user_order: List[np.ndarray] = []
+    lengths: List[np.ndarray] = []
+    pos = 0
+    for bp in bucket_paths:
+        rec = np.fromfile(bp, dtype=_RECORD)
+        os.remove(bp)
+        if len(rec) == 0:
+            continue
+        u = rec["u"] if user_rank is None else user_rank[rec["u"]]
+        order = np.lexsort((rec["t"], u))  # stable; primary key last
+        rec, u = rec[order], u[order]
+        n = len(rec)
+        dense = item_rank[rec["v"]] if item_rank is not None else \
+            np.searchsorted(item_keys, rec["v"])
+        items_mm[pos:pos + n] = dense.astype(np.int32)
+        times_mm[pos:pos + n] = rec["t"]
+        acts_mm[pos:pos + n] = rec["a"]
+        uu, cnt = np.unique(u, return_counts=True)
+        user_order.append(uu)
+        lengths.append(cnt)
+        pos += n
+        del rec
+    for a in (items_mm, times_mm, acts_mm):
+        a.flush()
+    del items_mm, times_mm, acts_mm
+    uo = np.concatenate(user_order)
+    offsets = np.zeros(len(uo) + 1, dtype=np.int64)
+    np.cumsum(np.concatenate(lengths), out=offsets[1:])
+    return uo, offsets
+
+
+@dataclass
+class Sequences:
+    """Jagged per-user sequences of positive events.
+
+    ``items`` dense item ids int64 [E], ``times`` ms int64 [E], ``actions`` uint8 [E] (bit ``i``
+    = ``action_names[i]``), ``offsets`` int64 [U+1], ``user_ids`` int64 [U] (the raw id, or for
+    text user ids the index into ``user_vocab``), ``num_items`` (the corpus: every item of the
+    input, not only positives).  ``item_vocab`` (text item ids only): the id text of each dense
+    item id, a pyarrow string array."""
+
+    items: np.ndarray
+    times: np.ndarray
+    actions: np.ndarray
+    offsets: np.ndarray
+    user_ids: np.ndarray
+    num_items: int
+    action_names: Tuple[str, ...] = tuple(ACTION_BITS)
+    item_vocab: Optional[pa.Array] = None
+    user_vocab: Optional[pa.Array] = None
+
+    @property
+    def num_users(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
 
 
 @dataclass
@@ -220,7 +320,9 @@ class EventLog:
     user_offsets: np.ndarray
     user_ids: np.ndarray
     item_ids: np.ndarray
-    meta: Dict[str, object]
+    meta: Dict[str, Any]
+    user_vocab: Optional[pa.Array] = None
+    item_vocab: Optional[pa.Array] = None
 
     @classmethod
     def load(cls, cache_dir: str, mmap: bool = True) -> "EventLog":
@@ -229,7 +331,9 @@ class EventLog:
             meta = json.load(f)
         ld = lambda n: np.load(os.path.join(cache_dir, f"{n}.npy"), mmap_mode=mode)  # noqa: E731
         return cls(ld("items"), ld("times"), ld("actions"), ld("user_offsets"),
-                   ld("user_ids"), ld("item_ids"), meta)
+                   ld("user_ids"), ld("item_ids"), meta,
+                   _load_vocab(os.path.join(cache_dir, "user_vocab.arrow")),
+                   _load_vocab(os.path.join(cache_dir, "item_vocab.arrow")))
 
     @property
     def num_items(self) -> int:
@@ -239,12 +343,27 @@ class EventLog:
     def num_users(self) -> int:
         return len(self.user_ids)
 
-    def positive_sequences(self, rule: PositiveRule, min_len: int = 3) -> "Sequences":
-        """Keep positive events (``rule``) and users with at least ``min_len`` of them."""
+    @property
+    def action_names(self) -> Tuple[str, ...]:
+        """The actions in bit order (KuaiRand's for logs cached before this was recorded)."""
+        return tuple(self.meta.get("action_names", tuple(ACTION_BITS)))
+
+    def positive_sequences(self, rule: Optional[PositiveRule], min_len: int = 3) -> Sequences:
+        """Keep positive events (``rule``; None: every event) and users with at least
+        ``min_len`` of them."""
         if min_len < 2:
             raise ValueError(f"min_len: must be >= 2 (one history item and one target), got {min_len}")
         acts = np.asarray(self.actions)
-        keep = rule(acts)
+        names = self.action_names
+        if rule is None:
+            keep = np.ones(len(acts), dtype=bool)
+        else:
+            if not rule.action_names and names != tuple(ACTION_BITS):
+                rule = dataclasses.replace(rule, action_names=names)
+            elif rule.action_names and rule.action_names != names:
+                raise ValueError(f"rule.action_names {list(rule.action_names)} differ from this "
+                                 f"data's actions {list(names)}")
+            keep = rule(acts)
         cs = np.zeros(len(keep) + 1, dtype=np.int64)
         np.cumsum(keep, out=cs[1:])
         per_user = cs[self.user_offsets[1:]] - cs[self.user_offsets[:-1]]
@@ -256,31 +375,45 @@ class EventLog:
         np.cumsum(lens, out=offsets[1:])
         return Sequences(np.asarray(self.items)[sel].astype(np.int64),
                          np.asarray(self.times)[sel], acts[sel], offsets,
-                         np.asarray(self.user_ids)[user_keep], self.num_items)
+                         np.asarray(self.user_ids)[user_keep], self.num_items, names,
+                         self.item_vocab, self.user_vocab)
 
 
-@dataclass
-class Sequences:
-    """Jagged per-user sequences of positive events (dense item ids, time in ms, action byte)."""
+# -- KuaiRand -------------------------------------------------------------------------------------
+class _KuaiRandSource:
+    """KuaiRand logs as an :class:`EventSource` (integer ids)."""
 
-    items: np.ndarray
-    times: np.ndarray
-    actions: np.ndarray
-    offsets: np.ndarray
-    user_ids: np.ndarray
-    num_items: int
+    def __init__(self, files: Sequence[str], block_size: int) -> None:
+        self.files, self.block_size = list(files), block_size
+        self.meta: Dict[str, Any] = {"source": "kuairand", "action_names": list(ACTION_BITS)}
 
-    @property
-    def num_users(self) -> int:
-        return len(self.offsets) - 1
+    def chunks(self) -> Iterator[Tuple[str, EventChunk]]:
+        for path in self.files:
+            for _, ch in iter_log_chunks(path, self.block_size):
+                yield path, {"user": ch["user_id"], "item": ch["video_id"],
+                             "time_ms": ch["time_ms"], "actions": ch["actions"]}
 
-    @property
-    def lengths(self) -> np.ndarray:
-        return np.diff(self.offsets)
+    def vocab(self, which: str) -> Optional[pa.Array]:
+        return None
+
+
+def preprocess(paths: Sequence[str], cache_root: str, num_buckets: int = 32,
+               block_size: int = DEFAULT_BLOCK_SIZE, force: bool = False,
+               progress: bool = False) -> str:
+    """Build (or reuse) the cache for the KuaiRand logs ``paths``; returns the cache folder."""
+    if num_buckets < 1:
+        raise ValueError(f"num_buckets: must be >= 1, got {num_buckets}")
+    files = expand_paths(paths)
+    for p in files:
+        check_file(p)
+    out_dir = os.path.join(cache_root, f"kuairand-{cache_key(files)}")
+    if os.path.isfile(os.path.join(out_dir, "meta.json")) and not force:
+        return out_dir
+    return build_cache(_KuaiRandSource(files, block_size), out_dir, num_buckets, progress)
 
 
 def load_kuairand(paths: Sequence[str], cache_root: str, rule: PositiveRule,
-                  min_len: int = 3, **kw: object) -> Sequences:
+                  min_len: int = 3, **kw: Any) -> Sequences:
     """Preprocess (cached) and return the positive sequences."""
-    cache = preprocess(paths, cache_root, **kw)  # type: ignore[arg-type]
+    cache = preprocess(paths, cache_root, **kw)
     return EventLog.load(cache).positive_sequences(rule, min_len)

@@ -10,7 +10,7 @@ KuaiRand (Gao et al., CIKM 2022, CC BY-SA 4.0) ships, for each of its Pure / 1K 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Mapping, Sequence, Tuple
+from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -65,19 +65,33 @@ OFFICIAL_ACTIONS: Tuple[str, ...] = tuple(ACTION_BITS)
 SAMPLE_ACTIONS: Tuple[str, ...] = tuple(a for a in ACTION_BITS if a not in ("like", "hate"))
 
 
-def action_mask(names: Iterable[str]) -> int:
-    """OR of the bits of the named actions; ValueError on an unknown name."""
+def action_mask(names: Iterable[str], bits: Optional[Mapping[str, int]] = None) -> int:
+    """OR of the bits of the named actions (``bits``: name -> bit value, default KuaiRand's
+    :data:`ACTION_BITS`); ValueError on an unknown name."""
+    table = ACTION_BITS if bits is None else bits
     m = 0
     for n in names:
-        if n not in ACTION_BITS:
-            raise ValueError(f"action {n!r}: unknown; expected one of {sorted(ACTION_BITS)}")
-        m |= ACTION_BITS[n]
+        if n not in table:
+            raise ValueError(f"action {n!r}: unknown; expected one of {sorted(table)}")
+        m |= table[n]
     return m
+
+
+def action_bits(names: Sequence[str]) -> Dict[str, int]:
+    """Bit of each action named in order: ``names[i]`` is bit ``1 << i`` (at most 8)."""
+    if len(names) > 8:
+        raise ValueError(f"actions: at most 8 fit the action byte, got {len(names)}")
+    return {n: 1 << i for i, n in enumerate(names)}
 
 
 @dataclass(frozen=True)
 class PositiveRule:
     """Which events count as positives: any action of ``any_of`` and none of ``none_of``.
+
+    ``action_names`` are the actions in bit order (bit ``i`` = ``action_names[i]``); empty means
+    KuaiRand's :data:`ACTION_BITS` (click, like, follow, comment, forward, hate, long_view,
+    profile_enter).  A generic table's rule names its action columns
+    (:class:`~torchrec_ascend.datasets.table.TableSpec` fills ``action_names`` in).
 
     The shared 27K sample's ``label == 1`` is its ``like`` bit (``label == 0`` sets ``hate``),
     so its default rule is ``PositiveRule(any_of=("like",))``.  Official logs default to clicks.
@@ -85,33 +99,55 @@ class PositiveRule:
 
     any_of: Tuple[str, ...] = ("click",)
     none_of: Tuple[str, ...] = ()
+    action_names: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for f in ("any_of", "none_of", "action_names"):
+            v = getattr(self, f)
+            if isinstance(v, str) or not all(isinstance(n, str) for n in v):
+                raise ValueError(f"PositiveRule.{f}: expected a list of action names, got {v!r}")
+            object.__setattr__(self, f, tuple(v))
         if not self.any_of:
             raise ValueError("PositiveRule.any_of: must name at least one action")
-        action_mask(self.any_of)
-        action_mask(self.none_of)
+        bits = self.bits
+        action_mask(self.any_of, bits)
+        action_mask(self.none_of, bits)
+
+    @property
+    def bits(self) -> Dict[str, int]:
+        """Action name -> bit value."""
+        return action_bits(self.action_names) if self.action_names else dict(ACTION_BITS)
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Sequence[str]]) -> "PositiveRule":
-        """From ``{"any_of": [...], "none_of": [...]}``."""
+    def from_config(cls, cfg: Mapping[str, Sequence[str]],
+                    action_names: Sequence[str] = ()) -> "PositiveRule":
+        """From ``{"any_of": [...], "none_of": [...]}`` (``any_of`` defaults to click for
+        KuaiRand; a table's rule must give it)."""
+        if not isinstance(cfg, Mapping):
+            raise ValueError(f"positive rule: expected a mapping with 'any_of' / 'none_of', "
+                             f"got {cfg!r}")
         unknown = set(cfg) - {"any_of", "none_of"}
         if unknown:
             raise ValueError(f"positive rule: unknown keys {sorted(unknown)}")
-        return cls(tuple(cfg.get("any_of", ("click",))), tuple(cfg.get("none_of", ())))
+        if action_names and "any_of" not in cfg:
+            raise ValueError(f"positive rule: needs 'any_of' (a list of the action columns "
+                             f"{list(action_names)})")
+        return cls(tuple(cfg.get("any_of", ("click",))), tuple(cfg.get("none_of", ())),
+                   tuple(action_names))
 
     def __call__(self, actions: np.ndarray) -> np.ndarray:
         """Boolean mask of positive events for a uint8 action-bitmask array."""
+        bits = self.bits
         a = actions.astype(np.int32, copy=False)
-        pos = (a & action_mask(self.any_of)) != 0
+        pos = (a & action_mask(self.any_of, bits)) != 0
         if self.none_of:
-            pos &= (a & action_mask(self.none_of)) == 0
+            pos &= (a & action_mask(self.none_of, bits)) == 0
         return pos
 
 
 @dataclass
 class LogFormat:
-    """What :func:`~torchrec_ascend.datasets.kuairand.detect_format` found in a header."""
+    """What :func:`~torchrec_ascend.datasets.reader.detect_format` found in a header."""
 
     kind: str  # "official" | "sample"
     delimiter: str
