@@ -26,10 +26,13 @@ from .reader import (
 )
 from .schema import ACTION_BITS, PositiveRule, action_mask
 from .synthetic import SyntheticConfig, generate
+from .synthetic_events import generate_events_table
+from .table import TableSource, TableSpec, load_table_sequences, preprocess_table
 
 __all__ = [
     "ACTION_BITS", "DataError", "EventLog", "KuaiRandDataError", "PositiveRule",
     "PreprocessStats", "Sequences", "SyntheticConfig", "action_mask", "build_cache",
     "detect_format", "generate", "iter_log_chunks", "load_kuairand", "peak_rss_mb",
-    "preprocess", "read_user_features", "read_video_features",
+    "preprocess", "read_user_features", "read_video_features", "TableSource", "TableSpec",
+    "generate_events_table", "load_table_sequences", "preprocess_table",
 ]

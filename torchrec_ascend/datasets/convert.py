@@ -68,7 +68,7 @@ def type_problem(t: pa.DataType, kind: str) -> Optional[str]:
             pa.types.is_timestamp(t) or pa.types.is_date(t)
     else:
         raise ValueError(f"kind: {kind!r} is not one of {KINDS}")
-    return None if ok else f"type {t} cannot hold {_EXPECT[kind]} values"
+    return None if ok else f"type {t} cannot be read as {_EXPECT[kind]}"
 
 
 def convert(arr: pa.Array, kind: str) -> Union[Converted, Bad]:

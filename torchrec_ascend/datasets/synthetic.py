@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, List, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -66,8 +66,13 @@ def _zipf_weights(n: int, a: float) -> np.ndarray:
     return w / w.sum()
 
 
-def _clicked_sequences(cfg: SyntheticConfig, rng: np.random.Generator):
-    """Per user an array of raw video ids (the clicked sequence)."""
+def chain_sequences(cfg: SyntheticConfig, rng: np.random.Generator
+                    ) -> Tuple[np.ndarray, np.ndarray, List[np.ndarray]]:
+    """The sequential structure shared by the generators (KuaiRand logs, generic tables).
+
+    Returns the raw item ids (sorted, sparse), each item index's popularity, and per user the
+    array of item indices of its positive sequence: cluster chains with Zipf popularity and
+    log-normal lengths (module docstring)."""
     # raw ids: sparse, as in KuaiRand (not 0..n-1)
     video_ids = np.sort(rng.choice(10 * cfg.num_items, cfg.num_items, replace=False)) + 1
     pop = _zipf_weights(cfg.num_items, cfg.zipf_a)
@@ -110,7 +115,7 @@ def generate(out_dir: str, cfg: SyntheticConfig = SyntheticConfig()) -> Dict[str
     """Write the four KuaiRand-format files into ``out_dir``; return their paths by kind."""
     rng = np.random.default_rng(cfg.seed)
     os.makedirs(out_dir, exist_ok=True)
-    video_ids, item_pop, seqs = _clicked_sequences(cfg, rng)
+    video_ids, item_pop, seqs = chain_sequences(cfg, rng)
     user_ids = np.sort(rng.choice(50 * cfg.num_users, cfg.num_users, replace=False))
     cols: Dict[str, list] = {c: [] for c in LOG_COLUMNS}
     for uid, seq in zip(user_ids, seqs):
