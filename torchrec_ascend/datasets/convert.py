@@ -25,7 +25,7 @@ and the problem), never converted approximately: ``12.5`` is not an id, ``1e3`` 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Tuple, Union
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -162,6 +162,31 @@ def _bad_value(kind: str, shown: object) -> str:
     return f"value {shown!r}, expected {_EXPECT[kind]}"
 
 
+Check = Tuple[np.ndarray, Callable[[int], str]]  # (bad mask, problem of element i)
+
+
+def _earliest(checks: Sequence[Check]) -> Optional[Bad]:
+    """The first element (lowest index) any check flags, with the first flagging check's text."""
+    best: Optional[Tuple[int, int]] = None
+    for k, (mask, _) in enumerate(checks):
+        if mask.any():
+            i = _first(mask)
+            if best is None or i < best[0]:
+                best = (i, k)
+    if best is None:
+        return None
+    return Bad(best[0], checks[best[1]][1](best[0]))
+
+
+def _shower(shown: Optional[pa.Array], values: np.ndarray) -> Callable[[int], str]:
+    """How element i is quoted in a message: its text if there is one, else its value."""
+    if shown is not None:
+        return lambda i: shown[i].as_py()
+    if values.dtype.kind == "f":
+        return lambda i: str(float(values[i]))
+    return lambda i: str(int(values[i]))
+
+
 def _from_text(text: pa.Array, kind: str) -> Union[np.ndarray, Bad]:
     s = pc.utf8_trim(text, characters=" \t")
     is_int = pc.match_substring_regex(s, _INT_TEXT).to_numpy(zero_copy_only=False)
@@ -169,98 +194,92 @@ def _from_text(text: pa.Array, kind: str) -> Union[np.ndarray, Bad]:
         is_num = pc.match_substring_regex(s, _NUM_TEXT).to_numpy(zero_copy_only=False)
     else:
         is_num = is_int
-    if not is_num.all():
-        i = _first(~is_num)
-        v = s[i].as_py()
-        return Bad(i, f"empty value, expected {_EXPECT[kind]}" if v == "" else
-                   _bad_value(kind, text[i].as_py()))
-    ints = _text_ints(s, is_int, text, kind)
-    if isinstance(ints, Bad):
-        return ints
-    if is_int.all():
-        return _from_int_values(ints, kind, text)
-    # times given as decimals: exact integers where they are integers, rounded elsewhere
-    floats = pc.cast(pc.if_else(pa.array(is_int), "0", s), pa.float64()).to_numpy()
-    out = _from_float(floats, kind, shown=text)
-    if isinstance(out, Bad):
-        return out
-    exact = _from_int_values(ints, kind, text)
-    if isinstance(exact, Bad):
-        return exact
-    return np.where(is_int, exact, out)
+    empty = pc.equal(pc.utf8_length(s), 0).to_numpy(zero_copy_only=False)
+    show = _shower(text, is_int)
+    checks: List[Check] = [
+        (empty, lambda i: f"empty value, expected {_EXPECT[kind]}"),
+        (~is_num, lambda i: _bad_value(kind, show(i)))]
+    ints, overflow = _text_ints(s, is_int)
+    checks.append((overflow, lambda i: f"value {show(i)!r}, expected {_EXPECT[kind]} in the "
+                                       "int64 range"))
+    out, more = _int_values(ints, kind, show)
+    checks += more
+    if not is_int.all():  # times given as decimals: rounded; integers stay exact
+        floats = pc.cast(pc.if_else(pa.array(is_int | ~is_num), "0", s), pa.float64()).to_numpy()
+        fout, more = _float_values(floats, kind, show)
+        checks += more
+        out = np.where(is_int, out, fout)
+    bad = _earliest(checks)
+    return bad if bad is not None else out
 
 
-def _text_ints(s: pa.Array, is_int: np.ndarray, text: pa.Array, kind: str
-               ) -> Union[np.ndarray, Bad]:
-    """int64 of the integer-looking texts (0 elsewhere); Bad if one is outside int64."""
+def _text_ints(s: pa.Array, is_int: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """int64 of the integer-looking texts (0 elsewhere), and which are outside int64."""
     clean = pc.replace_substring_regex(s, r"\.0*$", "")
     clean = pc.replace_substring_regex(clean, r"^\+", "")
     clean = pc.if_else(pa.array(is_int), clean, "0")
     digits = pc.utf8_length(pc.replace_substring_regex(clean, r"^-", "")).to_numpy()
-    long = np.flatnonzero(digits >= 19)
-    if len(long):
-        for i in long:
-            if abs(int(clean[int(i)].as_py())) > _INT64_MAX:
-                return Bad(int(i), f"value {text[int(i)].as_py()!r}, expected "
-                                   f"{_EXPECT[kind]} in the int64 range")
-    return pc.cast(clean, pa.int64()).to_numpy()
+    overflow = np.zeros(len(is_int), dtype=bool)
+    for i in np.flatnonzero(digits >= 19):
+        overflow[i] = not -_INT64_MAX - 1 <= int(clean[int(i)].as_py()) <= _INT64_MAX
+    if overflow.any():
+        clean = pc.if_else(pa.array(overflow), "0", clean)
+    return pc.cast(clean, pa.int64()).to_numpy(), overflow
 
 
 def _from_int(arr: pa.Array, kind: str) -> Union[np.ndarray, Bad]:
+    v = arr.to_numpy(zero_copy_only=False)
+    checks: List[Check] = []
     if arr.type == pa.uint64():
-        v = arr.to_numpy()
         big = v > _INT64_MAX
-        if big.any():
-            i = _first(big)
-            return Bad(i, f"value {str(int(v[i]))!r}, expected {_EXPECT[kind]} in the int64 range")
-    return _from_int_values(arr.to_numpy(zero_copy_only=False).astype(np.int64), kind, None)
+        checks.append((big, lambda i: f"value {str(int(v[i]))!r}, expected {_EXPECT[kind]} in "
+                                      "the int64 range"))
+        v = np.where(big, 0, v)
+    v = v.astype(np.int64)
+    out, more = _int_values(v, kind, _shower(None, v))
+    bad = _earliest(checks + more)
+    return bad if bad is not None else out
 
 
-def _from_int_values(v: np.ndarray, kind: str, shown: Optional[pa.Array]
-                     ) -> Union[np.ndarray, Bad]:
-    show = (lambda i: shown[i].as_py()) if shown is not None else (lambda i: str(int(v[i])))
+def _int_values(v: np.ndarray, kind: str, show: Callable[[int], str]
+                ) -> Tuple[np.ndarray, List[Check]]:
+    """Integers -> the kind's values, and the checks that flag the bad ones."""
     if kind == "nonneg_int":
-        bad = v < 0
-        if bad.any():
-            i = _first(bad)
-            return Bad(i, _bad_value(kind, show(i)))
+        return v, [(v < 0, lambda i: _bad_value(kind, show(i)))]
     if kind == "flag":
-        bad = (v != 0) & (v != 1)
-        if bad.any():
-            i = _first(bad)
-            return Bad(i, _bad_value(kind, show(i)))
-        return v.astype(np.uint8)
+        return v.astype(np.uint8), [((v != 0) & (v != 1), lambda i: _bad_value(kind, show(i)))]
     if kind == "time_s":
-        bad = np.abs(v) > _INT64_MAX // 1000
-        if bad.any():
-            i = _first(bad)
-            return Bad(i, f"value {show(i)!r}, expected seconds that fit int64 as milliseconds")
-        return v * 1000
-    return v
+        big = np.abs(v) > _INT64_MAX // 1000
+        return np.where(big, 0, v) * 1000, [
+            (big, lambda i: f"value {show(i)!r}, expected seconds that fit int64 as milliseconds")]
+    return v, []
 
 
-def _from_float(f: np.ndarray, kind: str, shown: Optional[pa.Array] = None
-                ) -> Union[np.ndarray, Bad]:
-    show = (lambda i: shown[i].as_py()) if shown is not None else (lambda i: str(float(f[i])))
-    bad = ~np.isfinite(f)
+def _from_float(f: np.ndarray, kind: str) -> Union[np.ndarray, Bad]:
+    out, checks = _float_values(f, kind, _shower(None, f))
+    bad = _earliest(checks)
+    return bad if bad is not None else out
+
+
+def _float_values(f: np.ndarray, kind: str, show: Callable[[int], str]
+                  ) -> Tuple[np.ndarray, List[Check]]:
+    """Floats -> the kind's values (times rounded to ms; others must be integral)."""
+    finite = np.isfinite(f)
     if kind in ("time_s", "time_ms"):
-        ms = np.rint(f * (1000.0 if kind == "time_s" else 1.0))
-        bad |= ~(np.abs(ms) < 2.0 ** 63)
-        if bad.any():
-            i = _first(bad)
-            return Bad(i, f"value {show(i)!r}, expected {_EXPECT[kind]} that fits int64 "
-                          "milliseconds")
-        return ms.astype(np.int64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            ms = np.rint(f * (1000.0 if kind == "time_s" else 1.0))
+            bad = ~(np.abs(ms) < 2.0 ** 63)
+        return np.where(bad, 0, ms).astype(np.int64), [
+            (bad, lambda i: f"value {show(i)!r}, expected {_EXPECT[kind]} that fits int64 "
+                            "milliseconds")]
     with np.errstate(invalid="ignore"):
-        bad |= np.floor(f) != f
-        if bad.any():
-            i = _first(bad)
-            return Bad(i, _bad_value(kind, show(i)))
-        big = ~(np.abs(f) < 2.0 ** 63)
-    if big.any():
-        i = _first(big)
-        return Bad(i, f"value {show(i)!r}, expected {_EXPECT[kind]} in the int64 range")
-    return _from_int_values(f.astype(np.int64), kind, shown)
+        frac = ~finite | (np.floor(f) != f)
+        big = ~frac & ~(np.abs(f) < 2.0 ** 63)
+    v = np.where(frac | big, 0, f).astype(np.int64)
+    out, more = _int_values(v, kind, show)
+    return out, [(frac, lambda i: _bad_value(kind, show(i))),
+                 (big, lambda i: f"value {show(i)!r}, expected {_EXPECT[kind]} in the int64 "
+                                 "range")] + more
 
 
 def _from_temporal(arr: pa.Array) -> Union[np.ndarray, Bad]:
@@ -272,11 +291,9 @@ def _from_temporal(arr: pa.Array) -> Union[np.ndarray, Bad]:
         return v
     unit = t.unit
     if unit == "s":
-        bad = np.abs(v) > _INT64_MAX // 1000
-        if bad.any():
-            i = _first(bad)
-            return Bad(i, f"timestamp {arr[i]} does not fit int64 milliseconds")
-        return v * 1000
+        bad = _earliest([(np.abs(v) > _INT64_MAX // 1000,
+                          lambda i: f"timestamp {int(v[i])} s does not fit int64 milliseconds")])
+        return bad if bad is not None else v * 1000
     if unit == "ms":
         return v
     return np.floor_divide(v, 1000 if unit == "us" else 1_000_000)
