@@ -100,6 +100,24 @@ def _kjt(rank: int) -> KeyedJaggedTensor:
                              weights=torch.rand(n, generator=g), lengths=lengths.flatten())
 
 
+def _count_gathers(rank: int):
+    """all_gathers per balance call: 2 while the metadata capacity grows, then 1."""
+    from torchrec_ascend.distributed.load_balance import exchange
+
+    calls = []
+    real = exchange._all_gather
+    exchange._all_gather = lambda *a: calls.append(1) or real(*a)
+    try:
+        bal, counts = AllToAllBalancer(MODEL), []
+        for n in (4, 4, 9, 3, 40):  # local batch sizes (rank 1 twice as many)
+            before = len(calls)
+            bal.balance(torch.ones(n * (1 + rank), dtype=torch.int64))
+            counts.append(len(calls) - before)
+        return counts
+    finally:
+        exchange._all_gather = real
+
+
 def _worker(rank: int, world: int) -> dict:
     out = {}
     bal = AllToAllBalancer(MODEL)
@@ -147,6 +165,7 @@ def _worker(rank: int, world: int) -> dict:
         assert torch.equal(jout.to_dense()[i], srcj[r]["tok"]["actf"][off[j]:off[j + 1]])
         assert torch.equal(jout.to_dense_weights()[i], srcj[r]["tok"]["ids"][off[j]:off[j + 1]].double())
     out["kjt_B"] = kout.stride()
+    out["gathers"] = _count_gathers(rank)
     out["bad_kjt"] = _error(lambda: bal.balance_kjt(kjt, cost_key="nope"))
     return out
 
@@ -210,6 +229,12 @@ def test_bad_input_raises_on_every_rank(results):
         assert "per_sample: expected" in results[r]["restore_rows"]
         assert "cost_key: 'nope'" in results[r]["bad_kjt"]
     assert results[0]["kjt_B"] + results[1]["kjt_B"] == 4 + 7
+
+
+def test_metadata_takes_one_gather_once_the_capacity_fits(results):
+    # words = 2 per sample (cost, length), the need is rank 1's 2 * 2n: 16 (capacity 0 -> 32),
+    # 16 fits, 36 > 32 (-> 72), 12 fits, 160 > 72
+    assert results[0]["gathers"] == results[1]["gathers"] == [2, 1, 2, 1, 2]
 
 
 def test_one_process_is_the_identity():

@@ -27,6 +27,7 @@ import json
 import math
 import os
 import platform
+import re
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -177,20 +178,19 @@ class HSTUCostModel:
 
 
 # ---------------------------------------------------------------------- calibration helpers
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            m = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.M)
+    except OSError:
+        m = None
+    return m.group(1).strip() if m else (platform.processor() or platform.machine())
+
+
 def _device_name(dev: torch.device) -> str:
     if dev.type == "cpu":
-        name = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo") as f:
-                for line in f:
-                    if line.startswith("model name"):
-                        name = line.split(":", 1)[1].strip()
-                        break
-        except OSError:
-            pass
-        return f"cpu:{name}:threads={torch.get_num_threads()}"
-    mod = _device.device_module(dev)
-    get_name = getattr(mod, "get_device_name", None)
+        return f"cpu:{_cpu_name()}:threads={torch.get_num_threads()}"
+    get_name = getattr(_device.device_module(dev), "get_device_name", None)
     return f"{dev.type}:{get_name(dev) if get_name else 'unknown'}"
 
 

@@ -2,17 +2,18 @@
 
 :class:`AllToAllBalancer` runs, on every rank of the process group (a collective):
 
-1. validate the local batch; ``all_gather`` a header ``[B, schema hash, error flag]`` (so bad input
-   or ranks that disagree on field names/dtypes/shapes raise the same ``ValueError`` on every rank
-   instead of hanging);
-2. ``all_gather`` each sample's cost (float64 bits) and lengths (padded to the largest local batch);
-3. plan the global batch with :meth:`~.assign.RankPlanner.plan_costs` (deterministic, so every
+1. validate the local batch and price its sequences; one ``all_gather`` of a header ``[B, schema
+   hash, error flag, words]`` plus each sample's cost (float64 bits) and lengths, padded to a
+   capacity every rank learns alike (a second ``all_gather`` only when a batch outgrows it).  Bad
+   input, or ranks that disagree on field names/dtypes/shapes, raise the same ``ValueError`` on
+   every rank instead of hanging;
+2. plan the global batch with :meth:`~.assign.RankPlanner.plan_costs` (deterministic, so every
    rank computes the same plan; costs are computed where the sample lives, so ranks need not
    share a cost model);
-4. one ``all_to_all_single`` of a byte buffer packing every field: per destination rank, the
+3. one ``all_to_all_single`` of a byte buffer packing every field: per destination rank, the
    token fields of each jagged group, then the sample fields (names sorted), every segment
-   padded to 16 bytes (so the receiver views them back in their dtype without a copy).  Lengths are not sent (every rank
-   has them from step 2).
+   padded to 16 bytes (so the receiver views them back in their dtype without a copy).  Lengths
+   are not sent (every rank has them from step 1).
 
 A rank receives its samples ordered by (source rank, source index), i.e. by global index (rank
 ``r``'s samples are global indices ``sum(B[:r]) ..``).  :meth:`BalancedBatch.restore` sends
@@ -27,9 +28,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -38,6 +39,7 @@ from .assign import RankPlanner
 __all__ = ["AllToAllBalancer", "BalancedBatch"]
 
 ALIGN = 16  # bytes; covers every dtype's alignment (complex128 included)
+_HEADER = 4  # int64 words: local batch size, schema hash, error flag, metadata words
 
 
 # ---------------------------------------------------------------------- collectives
@@ -85,10 +87,10 @@ class _Field:
     group: int
     dtype: torch.dtype
     trailing: Tuple[int, ...]
+    row_bytes: int = dataclasses.field(init=False, compare=False)
 
-    @property
-    def row_bytes(self) -> int:
-        return self.dtype.itemsize * int(np.prod(self.trailing, dtype=np.int64))
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "row_bytes", self.dtype.itemsize * math.prod(self.trailing))
 
 
 def _pack(rows: Sequence[torch.Tensor], fields: Sequence[_Field], per_peer: Sequence[Sequence[int]],
@@ -142,48 +144,47 @@ def _token_index(lengths: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------- plan of one exchange
+def _ints(t: torch.Tensor) -> List[int]:
+    return [int(x) for x in t.tolist()]
+
+
 @dataclasses.dataclass
 class _Exchange:
-    """Who sends which sample where; identical on every rank up to ``rank``."""
+    """Who sends which sample where (the same on every rank, but for ``rank``); CPU tensors
+    except ``send_order``."""
 
     world: int
     rank: int
     group: object
     counts: List[int]            # local batch size of every rank
-    bins: torch.Tensor           # [N] destination rank of every global sample (CPU)
-    costs: torch.Tensor          # [N] float64 (CPU)
-    glengths: torch.Tensor       # [N, G] lengths of every jagged group (CPU)
+    bins: torch.Tensor           # [N] destination rank of every global sample
+    costs: torch.Tensor          # [N] float64
+    glengths: torch.Tensor       # [N, G] lengths of every jagged group
+    owner: torch.Tensor          # [N] source rank of every global sample
+    start: int                   # global index of this rank's first sample
     send_order: torch.Tensor     # [B] local indices grouped by destination, ascending (device)
-    send_counts: List[int]
-    recv_global: torch.Tensor    # [B'] global indices received, ascending (CPU)
-    recv_counts: List[int]
-
-    @property
-    def start(self) -> int:
-        return sum(self.counts[:self.rank])
-
-    def tokens(self, g: int) -> Tuple[List[int], List[int]]:
-        """Tokens of group ``g`` sent to / received from every peer."""
-        lens = self.glengths[:, g]
-        local_bins = self.bins[self.start:self.start + self.counts[self.rank]]
-        local = lens[self.start:self.start + self.counts[self.rank]]
-        send = torch.bincount(local_bins, weights=local.to(torch.float64), minlength=self.world)
-        offs = np.cumsum([0] + self.counts)
-        mine = (self.bins == self.rank).to(torch.float64) * lens.to(torch.float64)
-        recv = [int(mine[offs[r]:offs[r + 1]].sum()) for r in range(self.world)]
-        return [int(x) for x in send.tolist()], recv
+    send_counts: List[int]       # samples to every peer
+    recv_global: torch.Tensor    # [B'] global indices received, ascending
+    recv_counts: List[int]       # samples from every peer
+    send_tokens: List[List[int]]  # [G][peer]
+    recv_tokens: List[List[int]]  # [G][peer]
 
 
 def _plan_exchange(counts: List[int], bins: torch.Tensor, costs: torch.Tensor, glengths: torch.Tensor,
                    world: int, rank: int, group, device: torch.device) -> _Exchange:
-    offs = np.cumsum([0] + counts)
-    local = bins[offs[rank]:offs[rank + 1]]
-    send_order = torch.argsort(local, stable=True)
-    send_counts = torch.bincount(local, minlength=world).tolist()
-    recv_global = torch.nonzero(bins == rank).flatten()
-    recv_counts = [int(((recv_global >= offs[r]) & (recv_global < offs[r + 1])).sum()) for r in range(world)]
-    return _Exchange(world, rank, group, list(counts), bins, costs, glengths, send_order.to(device),
-                     send_counts, recv_global, recv_counts)
+    owner = torch.repeat_interleave(torch.arange(world), torch.tensor(counts, dtype=torch.int64))
+    start = sum(counts[:rank])
+    local = bins[start:start + counts[rank]]
+    mine = bins == rank
+    recv_global = torch.nonzero(mine).flatten()
+    lens = glengths.to(torch.float64)
+    send_tokens = [_ints(torch.bincount(local, lens[start:start + counts[rank], g], minlength=world))
+                   for g in range(glengths.shape[1])]
+    recv_tokens = [_ints(torch.bincount(owner[mine], lens[mine, g], minlength=world))
+                   for g in range(glengths.shape[1])]
+    return _Exchange(world, rank, group, list(counts), bins, costs, glengths, owner, start,
+                     torch.argsort(local, stable=True).to(device), _ints(torch.bincount(local, minlength=world)),
+                     recv_global, _ints(torch.bincount(owner[mine], minlength=world)), send_tokens, recv_tokens)
 
 
 # ---------------------------------------------------------------------- result
@@ -212,13 +213,12 @@ class BalancedBatch:
 
     @property
     def source_rank(self) -> torch.Tensor:
-        offs = torch.tensor(np.cumsum(self._ex.counts), dtype=torch.int64)
-        return torch.searchsorted(offs, self._ex.recv_global, right=True)
+        return self._ex.owner[self._ex.recv_global]
 
     @property
     def source_index(self) -> torch.Tensor:
-        offs = torch.tensor(np.cumsum([0] + self._ex.counts), dtype=torch.int64)
-        return self._ex.recv_global - offs[self.source_rank]
+        starts = torch.cumsum(torch.tensor(self._ex.counts, dtype=torch.int64), 0) - torch.tensor(self._ex.counts)
+        return self._ex.recv_global - starts[self.source_rank]
 
     @property
     def rank_costs(self) -> torch.Tensor:
@@ -240,10 +240,9 @@ class BalancedBatch:
         """``per_token [T', ...]`` (one row per balanced token of ``lengths``) -> ``[T, ...]`` on
         the original rank in the original order.  Collective, like :meth:`restore`."""
         ex = self._ex
-        send, recv = ex.tokens(0)
         local_lengths = ex.glengths[ex.start:ex.start + ex.counts[ex.rank], 0]
         order = _token_index(local_lengths, ex.send_order.cpu()).to(ex.send_order.device)
-        return self._send_back(per_token, recv, send, order, "per_token")
+        return self._send_back(per_token, ex.recv_tokens[0], ex.send_tokens[0], order, "per_token")
 
     def _send_back(self, t: torch.Tensor, back: List[int], home: List[int], order: torch.Tensor,
                    name: str) -> torch.Tensor:
@@ -266,6 +265,10 @@ class BalancedBatch:
 class AllToAllBalancer(RankPlanner):
     """Balance jagged batches across the ranks of a process group by cost (module docstring);
     constructor arguments (cost model, per-rank limits, empty ranks): :class:`~.assign.RankPlanner`."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._capacity: Dict[object, int] = {}  # metadata words per process group (None: default)
 
     # -------------------------------------------------------------- public entry points
     def balance(self, lengths: torch.Tensor, token_fields: Optional[Mapping[str, torch.Tensor]] = None,
@@ -383,20 +386,20 @@ class AllToAllBalancer(RankPlanner):
             raise ValueError(f"{label}: requires grad; the exchange moves data and is not differentiable "
                              f"(balance the inputs, before the model)")
 
-    def _balance(self, groups, sample_fields, num_targets, group) -> BalancedBatch:
-        world, rank = _world(group)
-        dev = groups[0][0].device if isinstance(groups[0][0], torch.Tensor) else torch.device("cpu")
-        error = None
-        try:
-            fields, lens_cpu, costs = self._validate(groups, sample_fields, num_targets)
-            schema = repr([(f.name, f.group, str(f.dtype), f.trailing) for f in fields]
-                          + [len(groups), str(groups[0][0].dtype)])
-            digest = int.from_bytes(hashlib.sha1(schema.encode()).digest()[:7], "little")
-            header = torch.tensor([costs.numel(), digest, 0], dtype=torch.int64)
-        except ValueError as exc:
-            error = exc
-            header = torch.tensor([0, 0, 1], dtype=torch.int64)
-        heads = _all_gather(header.to(dev), world, group).cpu()
+    def _gather_metadata(self, header: List[int], meta: torch.Tensor, error: Optional[ValueError],
+                         world: int, rank: int, group, dev: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        """One ``all_gather`` of ``[B, schema hash, error flag, words] + metadata`` padded to the
+        capacity learnt so far (every rank learns the same); a second one only when some rank's
+        metadata outgrows it.  Raises the same error on every rank for bad input.  Returns the
+        headers ``[world, 4]`` and metadata ``[world, >= max words]`` (CPU)."""
+        cap = self._capacity.get(group, 0)
+        words = meta.numel()
+        send = torch.zeros(_HEADER + cap, dtype=torch.int64)
+        send[:_HEADER] = torch.tensor(header + [words], dtype=torch.int64)
+        if words <= cap:
+            send[_HEADER:_HEADER + words] = meta
+        got = _all_gather(send.to(dev), world, group).cpu()
+        heads = got[:, :_HEADER]
         bad = torch.nonzero(heads[:, 2]).flatten().tolist()
         if error is not None:
             raise ValueError(f"rank {rank}: {error}") from error
@@ -405,22 +408,36 @@ class AllToAllBalancer(RankPlanner):
         if len(set(heads[:, 1].tolist())) > 1:
             raise ValueError(f"balance: ranks disagree on the batch's fields, dtypes, trailing shapes "
                              f"or jagged groups (schema hash per rank: {heads[:, 1].tolist()})")
-        counts = heads[:, 0].tolist()
-        G, maxB = len(groups), max(counts)
-        meta = torch.zeros(maxB, 1 + G, dtype=torch.int64)
-        B = counts[rank]
-        meta[:B, 0] = costs.view(torch.int64)
-        for g in range(G):
-            meta[:B, 1 + g] = lens_cpu[g]
-        allm = _all_gather(meta.to(dev), world, group).cpu()
-        rows = torch.cat([allm[r, :counts[r]] for r in range(world)]) if maxB else meta[:0]
+        need = int(heads[:, 3].max())
+        if need <= cap:
+            return heads, got[:, _HEADER:]
+        self._capacity[group] = 2 * need  # headroom: the next batches fit in one gather
+        body = torch.zeros(need, dtype=torch.int64)
+        body[:words] = meta
+        return heads, _all_gather(body.to(dev), world, group).cpu()
+
+    def _balance(self, groups, sample_fields, num_targets, group) -> BalancedBatch:
+        world, rank = _world(group)
+        dev = groups[0][0].device if isinstance(groups[0][0], torch.Tensor) else torch.device("cpu")
+        error, header, meta = None, [0, 0, 1], torch.zeros(0, dtype=torch.int64)
+        try:
+            fields, lens_cpu, costs = self._validate(groups, sample_fields, num_targets)
+            schema = repr([(f.name, f.group, str(f.dtype), f.trailing) for f in fields]
+                          + [len(groups), str(groups[0][0].dtype)])
+            header = [costs.numel(), int.from_bytes(hashlib.sha1(schema.encode()).digest()[:7], "little"), 0]
+            meta = torch.stack([costs.view(torch.int64)] + lens_cpu, 1).flatten()  # [B, 1 + G]
+        except ValueError as exc:
+            error = exc
+        heads, body = self._gather_metadata(header, meta, error, world, rank, group, dev)
+        counts = _ints(heads[:, 0])
+        G = len(groups)
+        rows = torch.cat([body[r, :counts[r] * (1 + G)] for r in range(world)]).reshape(-1, 1 + G)
         gcosts = rows[:, 0].contiguous().view(torch.float64)
         glengths = rows[:, 1:]
         bins = self.plan_costs(gcosts, glengths[:, 0], world)
         ex = _plan_exchange(counts, bins, gcosts, glengths, world, rank, group, dev)
         # ---- pack: sample rows in send order, token rows in send order per group
         tok_idx = [_token_index(groups[g][0].to(torch.int64), ex.send_order) for g in range(G)]
-        traffic = [ex.tokens(g) for g in range(G)]
         src_rows, send_per, recv_per = [], [], []
         for f in fields:
             if f.group < 0:
@@ -430,8 +447,8 @@ class AllToAllBalancer(RankPlanner):
                 recv_per.append(ex.recv_counts)
             else:
                 src_rows.append(groups[f.group][1][f.name].index_select(0, tok_idx[f.group]))
-                send_per.append(traffic[f.group][0])
-                recv_per.append(traffic[f.group][1])
+                send_per.append(ex.send_tokens[f.group])
+                recv_per.append(ex.recv_tokens[f.group])
         if fields:
             buf, send_bytes = _pack(src_rows, fields, send_per, dev)
             recv_bytes = [sum(_pad(recv_per[i][p] * f.row_bytes) for i, f in enumerate(fields))
