@@ -246,13 +246,26 @@ class CsvReader:
 
     # -- the stream --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Tuple[int, Dict[str, Converted]]]:
-        self.rows, self.line = 0, self.header.lines + 1
+        self.rows, self.offset = 0, self.header.nbytes
         for piece, final_newline in self._pieces():
-            out, n = self._convert_piece(piece, self.line, final_newline)
+            out, n = self._convert_piece(piece, self.offset, final_newline)
             if n:
                 yield self.rows, out
             self.rows += n
-            self.line += piece.count(b"\n")
+            self.offset += len(piece)
+
+    def _line_at(self, offset: int) -> int:
+        """File line of the byte at ``offset`` of the (decompressed) stream.  Counted only when
+        an error is raised, by reading the file again up to there: the fast path never counts."""
+        n, left = 0, offset
+        with _open(self.path) as stream:
+            while left > 0:
+                buf = _read(stream, self.path, min(left, 1 << 24))
+                if not buf:
+                    break
+                n += buf.count(b"\n")
+                left -= len(buf)
+        return n + 1
 
     def _pieces(self) -> Iterator[Tuple[bytes, bool]]:
         limit = max(MAX_RECORD_BYTES, 4 * self.block_size)
@@ -281,7 +294,7 @@ class CsvReader:
         raise DataError(self.path, self.rows + 1, None,
                         f"a record longer than {MAX_RECORD_BYTES >> 20} MiB (an unclosed "
                         "quote?)" + (f": {lay.problem[3]}" if lay.problem else ""),
-                        line=self.line)
+                        line=self._line_at(self.offset))
 
     # -- one piece ---------------------------------------------------------------------------
     def _parse(self, piece: bytes, types: Mapping[str, pa.DataType]) -> pa.Table:
@@ -297,32 +310,35 @@ class CsvReader:
                                                 strings_can_be_null=False,
                                                 quoted_strings_can_be_null=False))
 
-    def _convert_piece(self, piece: bytes, line: int, final_newline: bool
+    def _convert_piece(self, piece: bytes, offset: int, final_newline: bool
                        ) -> Tuple[Dict[str, Converted], int]:
+        """Values of one piece starting at byte ``offset``, and its number of rows."""
         layout = None
-        if b'"' in piece or piece.count(b"\r") != piece.count(b"\r\n"):
+        if b'"' in piece or (b"\r" in piece and piece.count(b"\r") != piece.count(b"\r\n")):
             layout = _layout(piece, self.header.delimiter)
             if layout.problem is not None:
-                return self._slow_piece(piece, line, final_newline, layout)
-        if self._slow or b"0x" in piece or b"0X" in piece:  # pyarrow's int64 reads hex
-            return self._slow_piece(piece, line, final_newline, layout)
+                return self._slow_piece(piece, offset, final_newline, layout)
+        if self._slow or ((b"x" in piece or b"X" in piece) and  # pyarrow's int64 reads hex
+                          (b"0x" in piece or b"0X" in piece)):
+            return self._slow_piece(piece, offset, final_newline, layout)
         try:
             table = self._parse(piece, {c: _FAST_TYPES[k] for c, k in self.kinds.items()})
         except pa.ArrowInvalid:
-            return self._slow_piece(piece, line, final_newline, layout)
+            return self._slow_piece(piece, offset, final_newline, layout)
         if any(table.column(c).null_count for c in self.kinds):
-            return self._slow_piece(piece, line, final_newline, layout)
+            return self._slow_piece(piece, offset, final_newline, layout)
         out, bad = convert_columns(table, self.kinds, self._order)
         if bad is not None:
             layout = layout or _layout(piece, self.header.delimiter)
-            self._raise_value(bad, line, layout)
+            self._raise_value(bad, offset, layout)
         return out, table.num_rows
 
-    def _raise_value(self, bad: Tuple[int, int, str, str], line: int, layout: _Layout) -> None:
+    def _raise_value(self, bad: Tuple[int, int, str, str], offset: int, layout: _Layout) -> None:
         i, _, c, problem = bad
-        raise DataError(self.path, self.rows + i + 1, c, problem, line=line + int(layout.lines[i]))
+        raise DataError(self.path, self.rows + i + 1, c, problem,
+                        line=self._line_at(offset) + int(layout.lines[i]))
 
-    def _slow_piece(self, piece: bytes, line: int, final_newline: bool,
+    def _slow_piece(self, piece: bytes, offset: int, final_newline: bool,
                     layout: Optional[_Layout]) -> Tuple[Dict[str, Converted], int]:
         """Parse as raw bytes, check every cell; raise the first problem in file order."""
         layout = layout or _layout(piece, self.header.delimiter)
@@ -347,24 +363,27 @@ class CsvReader:
         out: Dict[str, Converted] = {}
         if good:
             prefix = piece if good == n else piece[: int(layout.starts[good])]
-            last_line = line + prefix.count(b"\n")
             try:
                 table = self._parse(prefix, {c: pa.binary() for c in self.kinds})
             except pa.ArrowInvalid as e:  # our record split disagrees with pyarrow's
+                line = self._line_at(offset)
+                last_line = line + prefix.count(b"\n")
                 raise DataError(self.path, self.rows + 1, None,
                                 f"rows {self.rows + 1}-{self.rows + good} (file lines {line}-"
                                 f"{last_line}) cannot be parsed: {e}") from e
             if table.num_rows != good:
+                line = self._line_at(offset)
+                last_line = line + prefix.count(b"\n")
                 raise DataError(self.path, self.rows + 1, None,
                                 f"pyarrow found {table.num_rows} rows where {good} records "
                                 f"start (file lines {line}-{last_line})")
             out, bad = convert_columns(table, self.kinds, self._order)
             if bad is not None:
-                self._raise_value(bad, line, layout)
+                self._raise_value(bad, offset, layout)
         if struct is not None:
             r, col, what = struct
             raise DataError(self.path, self.rows + r + 1, col, what,
-                            line=line + int(layout.lines[r]))
+                            line=self._line_at(offset) + int(layout.lines[r]))
         self._slow = True
         return out, n
 
