@@ -125,15 +125,15 @@ def _measure_worker(rank: int, world: int, a: float, b: float, batch_per_rank: i
     model = HSTUCostModel(a, b)
     bal, collator = AllToAllBalancer(model, max_per_rank=2 * batch_per_rank), CollatorBalancer(model)
 
-    def compute(lengths, ids, ts) -> float:
+    def compute(lengths, ids, ts):
         offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         enc(emb(ids), offsets, ts).sum().backward()
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.thread_time() - c0
         for p in params:
             p.grad = None
-        return dt
+        return dt, dc
 
     modes = ("random", "ours", "same")
     rows = []
@@ -143,59 +143,71 @@ def _measure_worker(rank: int, world: int, a: float, b: float, batch_per_rank: i
         for mode in modes[step % 3:] + modes[:step % 3]:  # rotate the order: no mode always first
             mine = torch.nonzero(split == (0 if mode == "same" else rank)).flatten()
             lengths, ids, ts, act, users = _take(batch, mine)
-            bal_s = 0.0
+            bal_s = bal_c = 0.0
             if mode == "ours":
                 dist.barrier()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 bb = bal.balance(lengths, {"ids": ids, "ts": ts, "act": act}, {"users": users})
-                bal_s = time.perf_counter() - t0
+                bal_s, bal_c = time.perf_counter() - t0, time.thread_time() - c0
                 lengths, ids, ts = bb.lengths, bb.token_fields["ids"], bb.token_fields["ts"]
-            comp = compute(lengths, ids, ts)
+            comp, comp_c = compute(lengths, ids, ts)
             if mode == "ours":
                 dist.barrier()  # the restore must not wait for the slower rank's compute
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 bb.restore(torch.zeros(bb.lengths.numel(), 8))
-                bal_s += time.perf_counter() - t0
+                bal_s, bal_c = bal_s + time.perf_counter() - t0, bal_c + time.thread_time() - c0
             t0 = time.perf_counter()
             collator.select(batch[0], rank, world)
             sel_s = time.perf_counter() - t0
             if step:
-                rows.append({"step": step, "mode": mode, "compute_s": comp, "balance_s": bal_s,
-                             "select_s": sel_s, "tokens": int(lengths.sum()),
-                             "predicted": float(model.cost(lengths).sum())})
+                rows.append({"step": step, "mode": mode, "compute_s": comp, "compute_cpu_s": comp_c,
+                             "balance_s": bal_s, "balance_cpu_s": bal_c, "select_s": sel_s,
+                             "tokens": int(lengths.sum()), "predicted": float(model.cost(lengths).sum())})
     return {"rank": rank, "rows": rows}
+
+
+def _imbalance(xs: List[float]) -> float:
+    return max(xs) / (sum(xs) / len(xs)) - 1
 
 
 def measured(model: HSTUCostModel, batch_per_rank: int, steps: int, max_len: int) -> Dict[str, object]:
     per_rank = run_multiprocess(_measure_worker, 2, (model.a, model.b, batch_per_rank, steps, max_len))
-    by = {}
+    by: Dict[tuple, list] = {}
     for res in per_rank:
         for r in res["rows"]:
             by.setdefault((r["step"], r["mode"]), []).append(r)
-    imb: Dict[str, List[float]] = {"random": [], "ours": [], "same": []}
-    pred: Dict[str, List[float]] = {"random": [], "ours": []}
-    step_s, bal_s, sel_s = [], [], []
+    modes = ("random", "ours", "same")
+    wall = {m: [] for m in modes}
+    cpu = {m: [] for m in modes}
+    pred = {m: [] for m in modes}
+    ratio = []  # measured CPU seconds / predicted cost, per rank-step: the cost model's accuracy
+    step_s, bal_s, step_c, bal_c, sel_s = [], [], [], [], []
     for (step, mode), rs in sorted(by.items()):
-        t = [r["compute_s"] for r in rs]
-        imb[mode].append(max(t) / (sum(t) / len(t)) - 1)
-        if mode in pred:
-            p = [r["predicted"] for r in rs]
-            pred[mode].append(max(p) / (sum(p) / len(p)) - 1)
+        wall[mode].append(_imbalance([r["compute_s"] for r in rs]))
+        cpu[mode].append(_imbalance([r["compute_cpu_s"] for r in rs]))
+        pred[mode].append(_imbalance([r["predicted"] for r in rs]))
+        ratio += [r["compute_cpu_s"] / r["predicted"] for r in rs if mode != "same"]
         if mode == "ours":
-            overhead = max(r["balance_s"] for r in rs)
-            bal_s.append(overhead)
-            step_s.append(max(t) + overhead)
+            bal_s.append(max(r["balance_s"] for r in rs))
+            step_s.append(max(r["compute_s"] for r in rs) + bal_s[-1])
+            bal_c.append(max(r["balance_cpu_s"] for r in rs))
+            step_c.append(max(r["compute_cpu_s"] for r in rs) + bal_c[-1])
             sel_s.append(max(r["select_s"] for r in rs))
-    med = {m: _median(v) for m, v in imb.items()}
+    ratio_t = torch.tensor(ratio, dtype=torch.float64)
     return {
-        "measured_step_imbalance_2ranks": med["ours"],
+        "measured_step_imbalance_2ranks": _median(wall["ours"]),
         "overhead_fraction": _median(bal_s) / _median(step_s),
         "details": {
-            "steps_per_mode": len(imb["ours"]),
-            "median_imbalance": med,
-            "p90_imbalance": {m: sorted(v)[int(0.9 * (len(v) - 1))] for m, v in imb.items()},
+            "steps_per_mode": len(wall["ours"]),
+            "wall_imbalance_median": {m: _median(v) for m, v in wall.items()},
+            "wall_imbalance_p90": {m: sorted(v)[int(0.9 * (len(v) - 1))] for m, v in wall.items()},
+            "cpu_time_imbalance_median": {m: _median(v) for m, v in cpu.items()},
+            "cpu_time_imbalance_p90": {m: sorted(v)[int(0.9 * (len(v) - 1))] for m, v in cpu.items()},
             "predicted_imbalance_median": {m: _median(v) for m, v in pred.items()},
+            "cost_model_cpu_s_per_cost": {"median": _median(ratio), "cv": float(ratio_t.std() / ratio_t.mean())},
             "step_s_median": _median(step_s), "balancer_s_median": _median(bal_s),
+            "step_cpu_s_median": _median(step_c), "balancer_cpu_s_median": _median(bal_c),
+            "overhead_fraction_cpu_time": _median(bal_c) / _median(step_c),
             "collator_select_s_median": _median(sel_s),
             "collator_overhead_fraction": _median(sel_s) / _median(step_s),
         },
@@ -206,16 +218,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer batches and steps (< 60 s)")
     ap.add_argument("--batch-per-rank", type=int, default=64)
-    ap.add_argument("--measure-batch-per-rank", type=int, default=32, help="sequences per rank, 2-rank run")
+    ap.add_argument("--measure-batch-per-rank", type=int, default=64, help="sequences per rank, 2-rank run")
     ap.add_argument("--max-len", type=int, default=ENCODER["max_seq_len"])
-    ap.add_argument("--no-cache", action="store_true", help="calibrate again even if cached")
+    ap.add_argument("--recalibrate", action="store_true", help="measure the cost model again (and cache it)")
     args = ap.parse_args()
     t_start = time.perf_counter()
     batches, steps = (5, 8) if args.quick else (25, 45)
 
     torch.set_num_threads(1)  # as each rank below runs
     torch.manual_seed(0)
-    model = HSTUCostModel.calibrate(HSTUEncoder(**ENCODER), "cpu", args.max_len, cache=not args.no_cache)
+    model = HSTUCostModel.calibrate(HSTUEncoder(**ENCODER), "cpu", args.max_len, refresh=args.recalibrate)
     synth = simulate(model, lambda n, g: heavy_tailed_lengths(n, args.max_len, generator=g),
                      args.batch_per_rank, batches)
     real = real_lengths(SAMPLE, args.max_len)
@@ -240,12 +252,14 @@ def main() -> int:
     print("cost imbalance (max / mean - 1), median over batches:")
     print_table(rows)
     d = meas["details"]
-    print_table([{"mode": m, "median": d["median_imbalance"][m], "p90": d["p90_imbalance"][m],
-                  "predicted": d["predicted_imbalance_median"].get(m, "-")} for m in ("random", "ours", "same")])
-    print(f"measured step imbalance, 2 gloo ranks (ours): {meas['measured_step_imbalance_2ranks']:.4f} "
-          f"(noise floor, identical batches: {d['median_imbalance']['same']:.4f})")
-    print(f"balancer overhead: {d['balancer_s_median'] * 1e3:.2f} ms of a {d['step_s_median'] * 1e3:.1f} ms "
-          f"step = {meas['overhead_fraction']:.4f}; collator select {d['collator_select_s_median'] * 1e3:.2f} ms")
+    print("measured step imbalance on 2 gloo ranks (median over steps; 'same' = identical batches):")
+    print_table([{"mode": m, "wall": d["wall_imbalance_median"][m], "wall p90": d["wall_imbalance_p90"][m],
+                  "cpu time": d["cpu_time_imbalance_median"][m], "cpu p90": d["cpu_time_imbalance_p90"][m],
+                  "predicted": d["predicted_imbalance_median"][m]} for m in ("random", "ours", "same")])
+    print(f"balancer overhead: wall {d['balancer_s_median'] * 1e3:.2f} ms of a {d['step_s_median'] * 1e3:.1f} ms "
+          f"step = {meas['overhead_fraction']:.4f}; cpu time {d['balancer_cpu_s_median'] * 1e3:.2f} ms of "
+          f"{d['step_cpu_s_median'] * 1e3:.1f} ms = {d['overhead_fraction_cpu_time']:.4f}; "
+          f"collator select {d['collator_select_s_median'] * 1e3:.2f} ms")
     path = write_json("load_balance", {
         "imbalance": {"random": synth["random"], "ours": synth["ours"]},
         "real_lengths": {"random": real_sim["random"], "ours": real_sim["ours"]},

@@ -115,6 +115,12 @@ def test_calibrate_measures_caches_and_leaves_the_encoder_alone(tmp_path, monkey
         HSTUCostModel.calibrate(enc, "cpu", 16, cache_dir=str(tmp_path))
     with pytest.raises(AssertionError, match="measured although cached"):  # cache=False: measures
         HSTUCostModel.calibrate(enc, "cpu", 32, cache=False, cache_dir=str(tmp_path))
+    with pytest.raises(AssertionError, match="measured although cached"):  # refresh: measures
+        HSTUCostModel.calibrate(enc, "cpu", 32, refresh=True, cache_dir=str(tmp_path))
+    monkeypatch.undo()
+    fresh = HSTUCostModel.calibrate(enc, "cpu", 32, refresh=True, cache_dir=str(tmp_path), repeats=1)
+    stored = json.loads((tmp_path / cost_mod.CACHE_FILE).read_text())[key]
+    assert (stored["a"], stored["b"]) == (fresh.a, fresh.b) and fresh.source.startswith("measured")
 
 
 def test_a_corrupt_cache_is_measured_again(tmp_path):

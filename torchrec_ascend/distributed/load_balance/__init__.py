@@ -11,7 +11,7 @@ onto :func:`build_balancer`)::
     HSTUCostModel(a, b, target_coef=0.0)                                      cost.py
         .cost(lengths [B] int, num_targets [B] | None = None) -> float64 [B] (CPU)
         HSTUCostModel.calibrate(encoder, device, max_len, cache=True, *, target_coef=0.0,
-                                cache_dir=None, repeats=3) -> HSTUCostModel   (timed fwd+bwd, cached)
+                                cache_dir=None, repeats=3, refresh=False) -> HSTUCostModel  (timed, cached)
         HSTUCostModel.from_flops(num_layers, embedding_dim, num_heads, attention_dim, linear_dim,
                                  *, backward=True, target_coef=0.0)           (FLOP-proportional)
         HSTUCostModel.from_encoder(encoder, *, backward=True, target_coef=0.0)

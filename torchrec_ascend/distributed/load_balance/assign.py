@@ -46,30 +46,32 @@ def _as_numpy(name: str, t: "torch.Tensor | np.ndarray", n: Optional[int] = None
 
 def _lpt(c: np.ndarray, num_bins: int, cap: Optional[int], s: Optional[np.ndarray],
          size_cap: Optional[float]) -> np.ndarray:
-    bins = np.empty(c.shape[0], dtype=np.int64)
+    bins = [0] * c.shape[0]
+    cost = c.tolist()
+    size = s.tolist() if s is not None else None
     used = [0.0] * num_bins
     heap = [(0.0, 0, k) for k in range(num_bins)]  # (cost, items, bin): already a heap
     for i in np.argsort(-c, kind="stable").tolist():
         skipped = []
         while heap:
             entry = heapq.heappop(heap)
-            if s is not None and used[entry[2]] + s[i] > size_cap:
+            if size is not None and used[entry[2]] + size[i] > size_cap:
                 skipped.append(entry)
                 continue
             break
         else:
             raise ValueError(
-                f"max_size_per_bin: no bin has room for item {i} (size {s[i]:g}; bins hold "
+                f"max_size_per_bin: no bin has room for item {i} (size {size[i]:g}; bins hold "
                 f"{sorted(used)[:4]}...; limit {size_cap:g}): raise the limit or use more bins")
         load, cnt, k = entry
         bins[i] = k
-        if s is not None:
-            used[k] += float(s[i])
+        if size is not None:
+            used[k] += size[i]
         if cap is None or cnt + 1 < cap:
-            heapq.heappush(heap, (load + float(c[i]), cnt + 1, k))
+            heapq.heappush(heap, (load + cost[i], cnt + 1, k))
         for e in skipped:
             heapq.heappush(heap, e)
-    return bins
+    return np.array(bins, dtype=np.int64)
 
 
 def _best_exchange(c: np.ndarray, s: Optional[np.ndarray], size_cap: Optional[float],

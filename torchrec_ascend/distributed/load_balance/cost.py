@@ -139,11 +139,12 @@ class HSTUCostModel:
     @classmethod
     def calibrate(cls, encoder: nn.Module, device: "torch.device | str", max_len: int, cache: bool = True,
                   *, target_coef: float = 0.0, cache_dir: Optional[str] = None,
-                  repeats: int = 3) -> "HSTUCostModel":
+                  repeats: int = 3, refresh: bool = False) -> "HSTUCostModel":
         """Time forward + backward of (a copy of) ``encoder`` on ``device`` for about ten batch
         shapes with sequence lengths up to ``max_len``, fit ``a`` and ``b`` (non-negative, relative
         least squares) and return the model; with ``cache=True`` a result stored under the same
-        :func:`calibration_key` is returned without measuring, and a new one is stored.
+        :func:`calibration_key` is returned without measuring (unless ``refresh``), and a new one
+        is stored; ``cache=False`` neither reads nor writes the cache.
 
         ``encoder`` is called as ``encoder(x [T, D], offsets [B + 1], timestamps [T])`` and must
         have ``embedding_dim``; it is deep-copied, so its parameters and gradients are untouched.
@@ -162,7 +163,7 @@ class HSTUCostModel:
         dev = torch.device(device)
         key = calibration_key(encoder, dev, int(max_len))
         path = os.path.join(cache_dir or default_cache_dir(), CACHE_FILE)
-        if cache:
+        if cache and not refresh:
             hit = _read_cache(path).get(key)
             if hit is not None:
                 return cls(hit["a"], hit["b"], target_coef, source=f"cached {key}", fit=hit)

@@ -28,18 +28,19 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from .assign import RankPlanner
+from .packing import Field, pack, peer_bytes, to_bytes, token_index, unpack
 
 __all__ = ["AllToAllBalancer", "BalancedBatch"]
 
-ALIGN = 16  # bytes; covers every dtype's alignment (complex128 included)
 _HEADER = 4  # int64 words: local batch size, schema hash, error flag, metadata words
+_TARGETS = "\0num_targets"  # internal field name of num_targets (no user name starts with NUL)
 
 
 # ---------------------------------------------------------------------- collectives
@@ -69,122 +70,52 @@ def _all_to_all(send: torch.Tensor, send_splits: List[int], recv_splits: List[in
     return recv
 
 
-# ---------------------------------------------------------------------- byte packing
-def _to_bytes(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as 1-D ``uint8`` (its rows back to back)."""
-    return t.contiguous().reshape(-1).view(torch.uint8)
-
-
-def _pad(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
-
-
-@dataclasses.dataclass(frozen=True)
-class _Field:
-    """One tensor of the batch: sample-level (``group=-1``) or tokens of jagged group ``group``."""
-
-    name: str
-    group: int
-    dtype: torch.dtype
-    trailing: Tuple[int, ...]
-    row_bytes: int = dataclasses.field(init=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "row_bytes", self.dtype.itemsize * math.prod(self.trailing))
-
-
-def _pack(rows: Sequence[torch.Tensor], fields: Sequence[_Field], per_peer: Sequence[Sequence[int]],
-          device: torch.device) -> Tuple[torch.Tensor, List[int]]:
-    """Byte buffer with, per peer, each field's next ``per_peer[f][p]`` rows (each segment padded);
-    returns the buffer and the bytes per peer."""
-    world = len(per_peer[0]) if per_peer else 0
-    sizes = [sum(_pad(per_peer[f][p] * fld.row_bytes) for f, fld in enumerate(fields)) for p in range(world)]
-    buf = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
-    pos = 0
-    src = [0] * len(fields)
-    flat = [_to_bytes(r) for r in rows]
-    for p in range(world):
-        for f, fld in enumerate(fields):
-            nb = per_peer[f][p] * fld.row_bytes
-            if nb:
-                buf[pos:pos + nb].copy_(flat[f][src[f]:src[f] + nb])
-            src[f] += nb
-            pos += _pad(nb)
-    return buf, sizes
-
-
-def _unpack(buf: torch.Tensor, fields: Sequence[_Field], per_peer: Sequence[Sequence[int]]) -> List[torch.Tensor]:
-    """Inverse of :func:`_pack` on the receiving side: one tensor per field, peers concatenated."""
-    world = len(per_peer[0]) if per_peer else 0
-    parts: List[List[torch.Tensor]] = [[] for _ in fields]
-    pos = 0
-    for p in range(world):
-        for f, fld in enumerate(fields):
-            n = per_peer[f][p]
-            nb = n * fld.row_bytes
-            parts[f].append(buf[pos:pos + nb].view(fld.dtype).reshape((n,) + fld.trailing))
-            pos += _pad(nb)
-    out = []
-    for f, fld in enumerate(fields):
-        if not parts[f]:
-            out.append(torch.empty((0,) + fld.trailing, dtype=fld.dtype, device=buf.device))
-        else:
-            out.append(parts[f][0] if len(parts[f]) == 1 else torch.cat(parts[f]))
-    return out
-
-
-def _token_index(lengths: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """Token rows of samples ``order`` (in that order) of a jagged batch with ``lengths``."""
-    starts = torch.cumsum(lengths, 0) - lengths
-    ln = lengths[order]
-    total = int(ln.sum())
-    shift = starts[order] - (torch.cumsum(ln, 0) - ln)
-    return torch.repeat_interleave(shift, ln, output_size=total) + torch.arange(
-        total, dtype=torch.int64, device=lengths.device)
-
-
 # ---------------------------------------------------------------------- plan of one exchange
-def _ints(t: torch.Tensor) -> List[int]:
-    return [int(x) for x in t.tolist()]
+def _ints(a: np.ndarray) -> List[int]:
+    return [int(x) for x in a.tolist()]
 
 
 @dataclasses.dataclass
 class _Exchange:
-    """Who sends which sample where (the same on every rank, but for ``rank``); CPU tensors
+    """Who sends which sample where (the same on every rank, but for ``rank``); host arrays
     except ``send_order``."""
 
     world: int
     rank: int
     group: object
     counts: List[int]            # local batch size of every rank
-    bins: torch.Tensor           # [N] destination rank of every global sample
-    costs: torch.Tensor          # [N] float64
-    glengths: torch.Tensor       # [N, G] lengths of every jagged group
-    owner: torch.Tensor          # [N] source rank of every global sample
+    bins: np.ndarray             # [N] destination rank of every global sample
+    costs: np.ndarray            # [N] float64
+    glengths: np.ndarray         # [N, G] lengths of every jagged group
+    owner: np.ndarray            # [N] source rank of every global sample
     start: int                   # global index of this rank's first sample
-    send_order: torch.Tensor     # [B] local indices grouped by destination, ascending (device)
+    order: np.ndarray            # [B] local indices grouped by destination, ascending
+    send_order: torch.Tensor     # ``order`` on the batch's device
     send_counts: List[int]       # samples to every peer
-    recv_global: torch.Tensor    # [B'] global indices received, ascending
+    recv_global: np.ndarray      # [B'] global indices received, ascending
     recv_counts: List[int]       # samples from every peer
     send_tokens: List[List[int]]  # [G][peer]
     recv_tokens: List[List[int]]  # [G][peer]
 
+    @property
+    def local_lengths(self) -> np.ndarray:
+        return self.glengths[self.start:self.start + self.counts[self.rank]]
 
-def _plan_exchange(counts: List[int], bins: torch.Tensor, costs: torch.Tensor, glengths: torch.Tensor,
+
+def _plan_exchange(counts: List[int], bins: np.ndarray, costs: np.ndarray, glengths: np.ndarray,
                    world: int, rank: int, group, device: torch.device) -> _Exchange:
-    owner = torch.repeat_interleave(torch.arange(world), torch.tensor(counts, dtype=torch.int64))
+    owner = np.repeat(np.arange(world, dtype=np.int64), counts)
     start = sum(counts[:rank])
     local = bins[start:start + counts[rank]]
     mine = bins == rank
-    recv_global = torch.nonzero(mine).flatten()
-    lens = glengths.to(torch.float64)
-    send_tokens = [_ints(torch.bincount(local, lens[start:start + counts[rank], g], minlength=world))
-                   for g in range(glengths.shape[1])]
-    recv_tokens = [_ints(torch.bincount(owner[mine], lens[mine, g], minlength=world))
-                   for g in range(glengths.shape[1])]
-    return _Exchange(world, rank, group, list(counts), bins, costs, glengths, owner, start,
-                     torch.argsort(local, stable=True).to(device), _ints(torch.bincount(local, minlength=world)),
-                     recv_global, _ints(torch.bincount(owner[mine], minlength=world)), send_tokens, recv_tokens)
+    order = np.argsort(local, kind="stable")
+    G = glengths.shape[1]
+    send_tokens = [_ints(np.bincount(local, glengths[start:start + counts[rank], g], world)) for g in range(G)]
+    recv_tokens = [_ints(np.bincount(owner[mine], glengths[mine, g], world)) for g in range(G)]
+    return _Exchange(world, rank, group, list(counts), bins, costs, glengths, owner, start, order,
+                     torch.from_numpy(order).to(device), _ints(np.bincount(local, minlength=world)),
+                     np.flatnonzero(mine), _ints(np.bincount(owner[mine], minlength=world)),
+                     send_tokens, recv_tokens)
 
 
 # ---------------------------------------------------------------------- result
@@ -194,8 +125,8 @@ class BalancedBatch:
 
     ``lengths [B']`` (the input's dtype), ``token_fields`` (``[T', ...]``), ``sample_fields``
     (``[B', ...]``), ``num_targets [B']`` if given; samples in ascending global index.
-    ``source_rank`` / ``source_index`` say where each sample came from; ``rank_costs`` is the
-    plan's cost per rank (float64 ``[world]``) and ``imbalance`` its ``max / mean - 1``."""
+    ``source_rank`` / ``source_index`` (CPU) say where each sample came from; ``rank_costs`` is
+    the plan's cost per rank (float64 ``[world]``) and ``imbalance`` its ``max / mean - 1``."""
 
     lengths: torch.Tensor
     token_fields: Dict[str, torch.Tensor]
@@ -213,16 +144,16 @@ class BalancedBatch:
 
     @property
     def source_rank(self) -> torch.Tensor:
-        return self._ex.owner[self._ex.recv_global]
+        return torch.from_numpy(self._ex.owner[self._ex.recv_global])
 
     @property
     def source_index(self) -> torch.Tensor:
-        starts = torch.cumsum(torch.tensor(self._ex.counts, dtype=torch.int64), 0) - torch.tensor(self._ex.counts)
-        return self._ex.recv_global - starts[self.source_rank]
+        starts = np.cumsum(self._ex.counts) - np.asarray(self._ex.counts)
+        return torch.from_numpy(self._ex.recv_global - starts[self._ex.owner[self._ex.recv_global]])
 
     @property
     def rank_costs(self) -> torch.Tensor:
-        return torch.bincount(self._ex.bins, weights=self._ex.costs, minlength=self._ex.world)
+        return torch.from_numpy(np.bincount(self._ex.bins, self._ex.costs, self._ex.world).astype(np.float64))
 
     @property
     def imbalance(self) -> float:
@@ -232,7 +163,8 @@ class BalancedBatch:
     def restore(self, per_sample: torch.Tensor) -> torch.Tensor:
         """``per_sample [B', ...]`` (one row per balanced sample, any dtype) -> ``[B, ...]`` on the
         rank the samples came from, in their original order.  Collective: every rank calls it,
-        with the same trailing shape and dtype."""
+        with the same trailing shape and dtype (the row count is checked locally, before the
+        collective: pass the right tensor on every rank)."""
         ex = self._ex
         return self._send_back(per_sample, ex.recv_counts, ex.send_counts, ex.send_order, "per_sample")
 
@@ -240,8 +172,7 @@ class BalancedBatch:
         """``per_token [T', ...]`` (one row per balanced token of ``lengths``) -> ``[T, ...]`` on
         the original rank in the original order.  Collective, like :meth:`restore`."""
         ex = self._ex
-        local_lengths = ex.glengths[ex.start:ex.start + ex.counts[ex.rank], 0]
-        order = _token_index(local_lengths, ex.send_order.cpu()).to(ex.send_order.device)
+        order = torch.from_numpy(token_index(ex.local_lengths[:, 0], ex.order))
         return self._send_back(per_token, ex.recv_tokens[0], ex.send_tokens[0], order, "per_token")
 
     def _send_back(self, t: torch.Tensor, back: List[int], home: List[int], order: torch.Tensor,
@@ -250,9 +181,9 @@ class BalancedBatch:
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name}: expected {sum(back)} rows (this rank's balanced batch), got {shape}")
         ex = self._ex
-        fld = _Field(name, -1, t.dtype, tuple(t.shape[1:]))
+        fld = Field(name, -1, t.dtype, tuple(t.shape[1:]))
         rb = fld.row_bytes
-        got = _all_to_all(_to_bytes(t.detach()), [n * rb for n in back], [n * rb for n in home],
+        got = _all_to_all(to_bytes(t.detach()), [n * rb for n in back], [n * rb for n in home],
                           ex.world, ex.group)
         rows = got.view(t.dtype).reshape((sum(home),) + fld.trailing) if rb else \
             torch.empty((sum(home),) + fld.trailing, dtype=t.dtype, device=t.device)
@@ -335,15 +266,15 @@ class AllToAllBalancer(RankPlanner):
 
     # -------------------------------------------------------------- core
     def _validate(self, groups, sample_fields, num_targets):
-        """Local checks -> (fields, lengths on CPU per group, costs); raises ValueError."""
-        fields: List[_Field] = []
-        lens_cpu: List[torch.Tensor] = []
+        """Local checks -> (fields, host lengths per group, host costs); raises ValueError."""
+        fields: List[Field] = []
+        lens: List[np.ndarray] = []
         dev = groups[0][0].device if isinstance(groups[0][0], torch.Tensor) else None
         B = None
         for g, (lengths, tok) in enumerate(groups):
             if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1:
-                raise ValueError(f"lengths: expected a 1-D integer tensor, got "
-                                 f"{tuple(lengths.shape) if isinstance(lengths, torch.Tensor) else type(lengths).__name__}")
+                got = tuple(lengths.shape) if isinstance(lengths, torch.Tensor) else type(lengths).__name__
+                raise ValueError(f"lengths: expected a 1-D integer tensor, got {got}")
             if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
                 raise ValueError(f"lengths: expected an integer dtype, got {lengths.dtype}")
             if lengths.device != dev:
@@ -351,33 +282,33 @@ class AllToAllBalancer(RankPlanner):
             if B is not None and lengths.numel() != B:
                 raise ValueError(f"lengths: jagged group {g} has {lengths.numel()} samples, expected {B}")
             B = lengths.numel()
-            lc = lengths.detach().to("cpu", torch.int64)
-            if B and int(lc.min()) < 0:
+            lc = lengths.detach().to("cpu", torch.int64).numpy()
+            if B and lc.min() < 0:
                 raise ValueError(f"lengths: must be >= 0, got min {int(lc.min())}")
-            lens_cpu.append(lc)
+            lens.append(lc)
             T = int(lc.sum())
             for name in sorted(tok):
                 t = tok[name]
                 self._check_tensor("token_fields", name, t, T, "sum(lengths)", dev)
-                fields.append(_Field(name, g, t.dtype, tuple(t.shape[1:])))
+                fields.append(Field(name, g, t.dtype, tuple(t.shape[1:])))
         for name in sorted(sample_fields):
             t = sample_fields[name]
             self._check_tensor("sample_fields", name, t, B, "len(lengths)", dev)
-            fields.append(_Field(name, -1, t.dtype, tuple(t.shape[1:])))
+            fields.append(Field(name, -1, t.dtype, tuple(t.shape[1:])))
         nt_cpu = None
         if num_targets is not None:
             self._check_tensor("num_targets", "", num_targets, B, "len(lengths)", dev)
             nt_cpu = num_targets.detach().cpu()
-            fields.append(_Field("\0num_targets", -1, num_targets.dtype, tuple(num_targets.shape[1:])))
-        costs = self.cost_model.cost(lens_cpu[0], nt_cpu)
-        return fields, lens_cpu, costs
+            fields.append(Field(_TARGETS, -1, num_targets.dtype, tuple(num_targets.shape[1:])))
+        costs = self.cost_model.cost(torch.from_numpy(lens[0]), nt_cpu).numpy()
+        return fields, lens, costs
 
     @staticmethod
     def _check_tensor(kind: str, name: str, t, rows: int, what: str, dev) -> None:
         label = f"{kind}[{name!r}]" if name else kind
         if not isinstance(t, torch.Tensor) or t.dim() < 1:
-            raise ValueError(f"{label}: expected a tensor with a first dimension, got "
-                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{label}: expected a tensor with a first dimension, got {got}")
         if t.shape[0] != rows:
             raise ValueError(f"{label}: has {t.shape[0]} rows, expected {what} = {rows}")
         if t.device != dev:
@@ -386,62 +317,62 @@ class AllToAllBalancer(RankPlanner):
             raise ValueError(f"{label}: requires grad; the exchange moves data and is not differentiable "
                              f"(balance the inputs, before the model)")
 
-    def _gather_metadata(self, header: List[int], meta: torch.Tensor, error: Optional[ValueError],
-                         world: int, rank: int, group, dev: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _gather_metadata(self, header: List[int], meta: np.ndarray, error: Optional[ValueError],
+                         world: int, rank: int, group, dev: torch.device) -> Tuple[np.ndarray, np.ndarray]:
         """One ``all_gather`` of ``[B, schema hash, error flag, words] + metadata`` padded to the
         capacity learnt so far (every rank learns the same); a second one only when some rank's
         metadata outgrows it.  Raises the same error on every rank for bad input.  Returns the
-        headers ``[world, 4]`` and metadata ``[world, >= max words]`` (CPU)."""
+        headers ``[world, 4]`` and metadata ``[world, >= max words]`` (host arrays)."""
         cap = self._capacity.get(group, 0)
-        words = meta.numel()
-        send = torch.zeros(_HEADER + cap, dtype=torch.int64)
-        send[:_HEADER] = torch.tensor(header + [words], dtype=torch.int64)
+        words = meta.size
+        send = np.zeros(_HEADER + cap, dtype=np.int64)
+        send[:_HEADER] = header + [words]
         if words <= cap:
             send[_HEADER:_HEADER + words] = meta
-        got = _all_gather(send.to(dev), world, group).cpu()
+        got = _all_gather(torch.from_numpy(send).to(dev), world, group).cpu().numpy()
         heads = got[:, :_HEADER]
-        bad = torch.nonzero(heads[:, 2]).flatten().tolist()
+        bad = np.flatnonzero(heads[:, 2]).tolist()
         if error is not None:
             raise ValueError(f"rank {rank}: {error}") from error
         if bad:
             raise ValueError(f"balance: bad input on rank(s) {bad} (their error says which)")
-        if len(set(heads[:, 1].tolist())) > 1:
+        if (heads[:, 1] != heads[0, 1]).any():
             raise ValueError(f"balance: ranks disagree on the batch's fields, dtypes, trailing shapes "
                              f"or jagged groups (schema hash per rank: {heads[:, 1].tolist()})")
         need = int(heads[:, 3].max())
         if need <= cap:
             return heads, got[:, _HEADER:]
         self._capacity[group] = 2 * need  # headroom: the next batches fit in one gather
-        body = torch.zeros(need, dtype=torch.int64)
+        body = np.zeros(need, dtype=np.int64)
         body[:words] = meta
-        return heads, _all_gather(body.to(dev), world, group).cpu()
+        return heads, _all_gather(torch.from_numpy(body).to(dev), world, group).cpu().numpy()
 
     def _balance(self, groups, sample_fields, num_targets, group) -> BalancedBatch:
         world, rank = _world(group)
         dev = groups[0][0].device if isinstance(groups[0][0], torch.Tensor) else torch.device("cpu")
-        error, header, meta = None, [0, 0, 1], torch.zeros(0, dtype=torch.int64)
+        error, header, meta = None, [0, 0, 1], np.zeros(0, dtype=np.int64)
         try:
-            fields, lens_cpu, costs = self._validate(groups, sample_fields, num_targets)
+            fields, lens, costs = self._validate(groups, sample_fields, num_targets)
             schema = repr([(f.name, f.group, str(f.dtype), f.trailing) for f in fields]
                           + [len(groups), str(groups[0][0].dtype)])
-            header = [costs.numel(), int.from_bytes(hashlib.sha1(schema.encode()).digest()[:7], "little"), 0]
-            meta = torch.stack([costs.view(torch.int64)] + lens_cpu, 1).flatten()  # [B, 1 + G]
+            header = [costs.size, int.from_bytes(hashlib.sha1(schema.encode()).digest()[:7], "little"), 0]
+            meta = np.stack([costs.view(np.int64)] + lens, 1).reshape(-1)  # [B, 1 + G]
         except ValueError as exc:
             error = exc
         heads, body = self._gather_metadata(header, meta, error, world, rank, group, dev)
         counts = _ints(heads[:, 0])
         G = len(groups)
-        rows = torch.cat([body[r, :counts[r] * (1 + G)] for r in range(world)]).reshape(-1, 1 + G)
-        gcosts = rows[:, 0].contiguous().view(torch.float64)
+        rows = np.concatenate([body[r, :counts[r] * (1 + G)] for r in range(world)]).reshape(-1, 1 + G)
+        gcosts = np.ascontiguousarray(rows[:, 0]).view(np.float64)
         glengths = rows[:, 1:]
-        bins = self.plan_costs(gcosts, glengths[:, 0], world)
+        bins = self.plan_costs(gcosts, glengths[:, 0], world).numpy()
         ex = _plan_exchange(counts, bins, gcosts, glengths, world, rank, group, dev)
-        # ---- pack: sample rows in send order, token rows in send order per group
-        tok_idx = [_token_index(groups[g][0].to(torch.int64), ex.send_order) for g in range(G)]
+        # ---- pack: sample rows in send order, token rows in send order per group; one all_to_all
+        tok_idx = [torch.from_numpy(token_index(lens[g], ex.order)).to(dev) for g in range(G)]
         src_rows, send_per, recv_per = [], [], []
         for f in fields:
             if f.group < 0:
-                t = num_targets if f.name == "\0num_targets" else sample_fields[f.name]
+                t = num_targets if f.name == _TARGETS else sample_fields[f.name]
                 src_rows.append(t.index_select(0, ex.send_order))
                 send_per.append(ex.send_counts)
                 recv_per.append(ex.recv_counts)
@@ -449,22 +380,20 @@ class AllToAllBalancer(RankPlanner):
                 src_rows.append(groups[f.group][1][f.name].index_select(0, tok_idx[f.group]))
                 send_per.append(ex.send_tokens[f.group])
                 recv_per.append(ex.recv_tokens[f.group])
+        got: List[torch.Tensor] = []
         if fields:
-            buf, send_bytes = _pack(src_rows, fields, send_per, dev)
-            recv_bytes = [sum(_pad(recv_per[i][p] * f.row_bytes) for i, f in enumerate(fields))
-                          for p in range(world)]
-            got = _unpack(_all_to_all(buf, send_bytes, recv_bytes, world, group), fields, recv_per)
-        else:
-            got = []
+            buf, send_bytes = pack(src_rows, fields, send_per, world, dev)
+            recv = _all_to_all(buf, send_bytes, peer_bytes(fields, recv_per, world), world, group)
+            got = unpack(recv, fields, recv_per, world)
         # ---- assemble
-        mine = glengths[ex.recv_global]
-        out_groups = [(mine[:, g].to(device=dev, dtype=groups[g][0].dtype), {}) for g in range(G)]
+        mine = torch.from_numpy(np.ascontiguousarray(glengths[ex.recv_global].T))
+        out_groups = [(mine[g].to(device=dev, dtype=groups[g][0].dtype), {}) for g in range(G)]
         out_samples: Dict[str, torch.Tensor] = {}
         nt = None
         for f, t in zip(fields, got):
             if f.group >= 0:
                 out_groups[f.group][1][f.name] = t
-            elif f.name == "\0num_targets":
+            elif f.name == _TARGETS:
                 nt = t
             else:
                 out_samples[f.name] = t
