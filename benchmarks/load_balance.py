@@ -115,7 +115,7 @@ def _take(batch, idx: torch.Tensor):
 
 
 def _measure_worker(rank: int, world: int, a: float, b: float, batch_per_rank: int, steps: int,
-                    max_len: int) -> Dict[str, object]:
+                    reps: int, max_len: int) -> Dict[str, object]:
     import torch.distributed as dist
 
     torch.manual_seed(0)
@@ -125,15 +125,21 @@ def _measure_worker(rank: int, world: int, a: float, b: float, batch_per_rank: i
     model = HSTUCostModel(a, b)
     bal, collator = AllToAllBalancer(model, max_per_rank=2 * batch_per_rank), CollatorBalancer(model)
 
-    def compute(lengths, ids, ts):
-        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
+    def timed(fn):
+        """(wall s, thread CPU s) of fn(), started together on both ranks."""
         dist.barrier()
         t0, c0 = time.perf_counter(), time.thread_time()
-        enc(emb(ids), offsets, ts).sum().backward()
-        dt, dc = time.perf_counter() - t0, time.thread_time() - c0
-        for p in params:
-            p.grad = None
-        return dt, dc
+        out = fn()
+        return time.perf_counter() - t0, time.thread_time() - c0, out
+
+    def compute(lengths, ids, ts):
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
+
+        def run():
+            enc(emb(ids), offsets, ts).sum().backward()
+            for p in params:
+                p.grad = None
+        return [timed(run)[:2] for _ in range(reps)]
 
     modes = ("random", "ours", "same")
     rows = []
@@ -143,26 +149,21 @@ def _measure_worker(rank: int, world: int, a: float, b: float, batch_per_rank: i
         for mode in modes[step % 3:] + modes[:step % 3]:  # rotate the order: no mode always first
             mine = torch.nonzero(split == (0 if mode == "same" else rank)).flatten()
             lengths, ids, ts, act, users = _take(batch, mine)
-            bal_s = bal_c = 0.0
+            row = {"step": step, "mode": mode}
             if mode == "ours":
-                dist.barrier()
-                t0, c0 = time.perf_counter(), time.thread_time()
-                bb = bal.balance(lengths, {"ids": ids, "ts": ts, "act": act}, {"users": users})
-                bal_s, bal_c = time.perf_counter() - t0, time.thread_time() - c0
+                row["balance_s"], row["balance_cpu_s"], bb = timed(lambda: bal.balance(
+                    lengths, {"ids": ids, "ts": ts, "act": act}, {"users": users}))
                 lengths, ids, ts = bb.lengths, bb.token_fields["ids"], bb.token_fields["ts"]
-            comp, comp_c = compute(lengths, ids, ts)
-            if mode == "ours":
-                dist.barrier()  # the restore must not wait for the slower rank's compute
-                t0, c0 = time.perf_counter(), time.thread_time()
-                bb.restore(torch.zeros(bb.lengths.numel(), 8))
-                bal_s, bal_c = bal_s + time.perf_counter() - t0, bal_c + time.thread_time() - c0
-            t0 = time.perf_counter()
-            collator.select(batch[0], rank, world)
-            sel_s = time.perf_counter() - t0
+            runs = compute(lengths, ids, ts)
+            if mode == "ours":  # timed after a barrier: it must not wait for the slower rank's compute
+                row["restore_s"], row["restore_cpu_s"], _ = timed(
+                    lambda: bb.restore(torch.zeros(bb.lengths.numel(), 8)))
+                row["select_s"] = timed(lambda: collator.select(batch[0], rank, world))[0]
+            row.update({"wall_first_s": runs[0][0], "wall_min_s": min(r[0] for r in runs),
+                        "cpu_min_s": min(r[1] for r in runs), "tokens": int(lengths.sum()),
+                        "predicted": float(model.cost(lengths).sum())})
             if step:
-                rows.append({"step": step, "mode": mode, "compute_s": comp, "compute_cpu_s": comp_c,
-                             "balance_s": bal_s, "balance_cpu_s": bal_c, "select_s": sel_s,
-                             "tokens": int(lengths.sum()), "predicted": float(model.cost(lengths).sum())})
+                rows.append(row)
     return {"rank": rank, "rows": rows}
 
 
@@ -170,46 +171,53 @@ def _imbalance(xs: List[float]) -> float:
     return max(xs) / (sum(xs) / len(xs)) - 1
 
 
-def measured(model: HSTUCostModel, batch_per_rank: int, steps: int, max_len: int) -> Dict[str, object]:
-    per_rank = run_multiprocess(_measure_worker, 2, (model.a, model.b, batch_per_rank, steps, max_len))
+def _p90(xs: List[float]) -> float:
+    return sorted(xs)[int(0.9 * (len(xs) - 1))]
+
+
+def measured(model: HSTUCostModel, batch_per_rank: int, steps: int, reps: int, max_len: int) -> Dict[str, object]:
+    per_rank = run_multiprocess(_measure_worker, 2, (model.a, model.b, batch_per_rank, steps, reps, max_len))
     by: Dict[tuple, list] = {}
     for res in per_rank:
         for r in res["rows"]:
             by.setdefault((r["step"], r["mode"]), []).append(r)
     modes = ("random", "ours", "same")
-    wall = {m: [] for m in modes}
-    cpu = {m: [] for m in modes}
-    pred = {m: [] for m in modes}
-    ratio = []  # measured CPU seconds / predicted cost, per rank-step: the cost model's accuracy
-    step_s, bal_s, step_c, bal_c, sel_s = [], [], [], [], []
+    clocks = ("cpu_min_s", "wall_min_s", "wall_first_s", "predicted")
+    imb = {c: {m: [] for m in modes} for c in clocks}
+    ratio = []  # CPU seconds per unit of predicted cost, per rank-step: the cost model's accuracy
+    over = {k: [] for k in ("balance_cpu_s", "restore_cpu_s", "balance_s", "restore_s", "select_s",
+                            "step_cpu_s", "step_s")}
     for (step, mode), rs in sorted(by.items()):
-        wall[mode].append(_imbalance([r["compute_s"] for r in rs]))
-        cpu[mode].append(_imbalance([r["compute_cpu_s"] for r in rs]))
-        pred[mode].append(_imbalance([r["predicted"] for r in rs]))
-        ratio += [r["compute_cpu_s"] / r["predicted"] for r in rs if mode != "same"]
-        if mode == "ours":
-            bal_s.append(max(r["balance_s"] for r in rs))
-            step_s.append(max(r["compute_s"] for r in rs) + bal_s[-1])
-            bal_c.append(max(r["balance_cpu_s"] for r in rs))
-            step_c.append(max(r["compute_cpu_s"] for r in rs) + bal_c[-1])
-            sel_s.append(max(r["select_s"] for r in rs))
+        for c in clocks:
+            imb[c][mode].append(_imbalance([r[c] for r in rs]))
+        ratio += [r["cpu_min_s"] / r["predicted"] for r in rs if mode != "same"]
+        if mode == "ours":  # per step: the slower rank's balancer and compute
+            for k in ("balance_cpu_s", "restore_cpu_s", "balance_s", "restore_s", "select_s"):
+                over[k].append(max(r[k] for r in rs))
+            over["step_cpu_s"].append(max(r["cpu_min_s"] for r in rs) + over["balance_cpu_s"][-1]
+                                      + over["restore_cpu_s"][-1])
+            over["step_s"].append(max(r["wall_min_s"] for r in rs) + over["balance_s"][-1] + over["restore_s"][-1])
+    med = {k: _median(v) for k, v in over.items()}
     ratio_t = torch.tensor(ratio, dtype=torch.float64)
+    cpu_share = (med["balance_cpu_s"] + med["restore_cpu_s"]) / med["step_cpu_s"]
     return {
-        "measured_step_imbalance_2ranks": _median(wall["ours"]),
-        "overhead_fraction": _median(bal_s) / _median(step_s),
+        "measured_step_imbalance_2ranks": _median(imb["cpu_min_s"]["ours"]),
+        "overhead_fraction": cpu_share,
         "details": {
-            "steps_per_mode": len(wall["ours"]),
-            "wall_imbalance_median": {m: _median(v) for m, v in wall.items()},
-            "wall_imbalance_p90": {m: sorted(v)[int(0.9 * (len(v) - 1))] for m, v in wall.items()},
-            "cpu_time_imbalance_median": {m: _median(v) for m, v in cpu.items()},
-            "cpu_time_imbalance_p90": {m: sorted(v)[int(0.9 * (len(v) - 1))] for m, v in cpu.items()},
-            "predicted_imbalance_median": {m: _median(v) for m, v in pred.items()},
+            "definition": ("step time of a rank = thread CPU time of its forward + backward (one "
+                           f"thread per rank), the fastest of {reps} repeats; imbalance per step = "
+                           "max / mean - 1 over the 2 ranks, median over steps; 'same' = both ranks run "
+                           "the identical batch (the measurement's noise floor); wall-clock variants "
+                           "alongside (the machine is shared, so wall time includes other jobs' time)"),
+            "steps_per_mode": len(imb["cpu_min_s"]["ours"]), "repeats": reps,
+            "imbalance_median": {c: {m: _median(v) for m, v in imb[c].items()} for c in clocks},
+            "imbalance_p90": {c: {m: _p90(v) for m, v in imb[c].items()} for c in clocks},
             "cost_model_cpu_s_per_cost": {"median": _median(ratio), "cv": float(ratio_t.std() / ratio_t.mean())},
-            "step_s_median": _median(step_s), "balancer_s_median": _median(bal_s),
-            "step_cpu_s_median": _median(step_c), "balancer_cpu_s_median": _median(bal_c),
-            "overhead_fraction_cpu_time": _median(bal_c) / _median(step_c),
-            "collator_select_s_median": _median(sel_s),
-            "collator_overhead_fraction": _median(sel_s) / _median(step_s),
+            "medians_s": med,
+            "overhead_fraction_cpu_time": cpu_share,
+            "overhead_fraction_cpu_time_balance_only": med["balance_cpu_s"] / med["step_cpu_s"],
+            "overhead_fraction_wall": (med["balance_s"] + med["restore_s"]) / med["step_s"],
+            "collator_overhead_fraction_wall": med["select_s"] / med["step_s"],
         },
     }
 
@@ -223,7 +231,7 @@ def main() -> int:
     ap.add_argument("--recalibrate", action="store_true", help="measure the cost model again (and cache it)")
     args = ap.parse_args()
     t_start = time.perf_counter()
-    batches, steps = (5, 8) if args.quick else (25, 45)
+    batches, steps, reps = (5, 6, 2) if args.quick else (25, 30, 3)
 
     torch.set_num_threads(1)  # as each rank below runs
     torch.manual_seed(0)
@@ -239,7 +247,7 @@ def main() -> int:
     else:
         real_sim = {"random": {str(w): None for w in WORLDS}, "ours": {str(w): None for w in WORLDS}}
         real_note = f"skipped: {SAMPLE} is absent"
-    meas = measured(model, args.measure_batch_per_rank, steps, args.max_len)
+    meas = measured(model, args.measure_batch_per_rank, steps, reps, args.max_len)
 
     rows = []
     for w in WORLDS:
@@ -252,14 +260,17 @@ def main() -> int:
     print("cost imbalance (max / mean - 1), median over batches:")
     print_table(rows)
     d = meas["details"]
-    print("measured step imbalance on 2 gloo ranks (median over steps; 'same' = identical batches):")
-    print_table([{"mode": m, "wall": d["wall_imbalance_median"][m], "wall p90": d["wall_imbalance_p90"][m],
-                  "cpu time": d["cpu_time_imbalance_median"][m], "cpu p90": d["cpu_time_imbalance_p90"][m],
-                  "predicted": d["predicted_imbalance_median"][m]} for m in ("random", "ours", "same")])
-    print(f"balancer overhead: wall {d['balancer_s_median'] * 1e3:.2f} ms of a {d['step_s_median'] * 1e3:.1f} ms "
-          f"step = {meas['overhead_fraction']:.4f}; cpu time {d['balancer_cpu_s_median'] * 1e3:.2f} ms of "
-          f"{d['step_cpu_s_median'] * 1e3:.1f} ms = {d['overhead_fraction_cpu_time']:.4f}; "
-          f"collator select {d['collator_select_s_median'] * 1e3:.2f} ms")
+    print("measured step imbalance on 2 gloo ranks (max / mean - 1, median over steps; "
+          "'same' = identical batches = noise floor):")
+    print_table([{"mode": m, **{c: d["imbalance_median"][c][m] for c in ("cpu_min_s", "wall_min_s", "wall_first_s",
+                                                                        "predicted")},
+                  "cpu p90": d["imbalance_p90"]["cpu_min_s"][m]} for m in ("random", "ours", "same")])
+    med = d["medians_s"]
+    print(f"balancer overhead (CPU time): balance {med['balance_cpu_s'] * 1e3:.2f} ms + restore "
+          f"{med['restore_cpu_s'] * 1e3:.2f} ms of a {med['step_cpu_s'] * 1e3:.1f} ms step = "
+          f"{meas['overhead_fraction']:.4f}; wall {d['overhead_fraction_wall']:.4f} "
+          f"({(med['balance_s'] + med['restore_s']) * 1e3:.1f} of {med['step_s'] * 1e3:.1f} ms); "
+          f"collator select {med['select_s'] * 1e3:.2f} ms")
     path = write_json("load_balance", {
         "imbalance": {"random": synth["random"], "ours": synth["ours"]},
         "real_lengths": {"random": real_sim["random"], "ours": real_sim["ours"]},
@@ -267,7 +278,7 @@ def main() -> int:
         "overhead_fraction": meas["overhead_fraction"],
         "goals": {"ours_16_ranks": 0.01, "measured_step_imbalance_2ranks": 0.05, "overhead_fraction": 0.02},
         "config": {"quick": args.quick, "batch_per_rank": args.batch_per_rank, "batches": batches,
-                   "measure_batch_per_rank": args.measure_batch_per_rank, "steps": steps,
+                   "measure_batch_per_rank": args.measure_batch_per_rank, "steps": steps, "repeats": reps,
                    "max_len": args.max_len, "encoder": ENCODER, "max_per_rank": "2 x batch_per_rank",
                    "threads_per_rank": 1},
         "cost_model": {"a": model.a, "b": model.b, "source": model.source,

@@ -104,6 +104,16 @@ def test_heavy_tailed_hstu_batches_balance_to_under_a_tenth_of_a_percent(bins):
     assert imbalance(costs, equal_counts, bins) > 10 * imbalance(costs, got, bins)
 
 
+def test_tolerance_stops_refinement_near_the_lower_bound():
+    g = torch.Generator().manual_seed(9)
+    c = torch.rand(300, generator=g, dtype=torch.float64) ** 3
+    bound = max(float(c.max()), float(c.sum()) / 6)
+    loose = float(bin_loads(c, plan_assignment(c, 6, tol=1e-2), 6).max())
+    tight = float(bin_loads(c, plan_assignment(c, 6, tol=0.0), 6).max())
+    assert tight <= loose <= max(bound * (1 + 1e-2), float(bin_loads(c, plan_assignment(c, 6, refine=False), 6).max()))
+    assert tight <= bound * (1 + 1e-6)
+
+
 def test_a_giant_item_gets_a_bin_alone_and_the_rest_are_balanced():
     costs = torch.tensor([1000.0] + [1.0] * 30)
     got = plan_assignment(costs, 4)
@@ -142,6 +152,7 @@ def test_empty_input():
     ({"sizes": torch.tensor([1.0, 1, 1, 9, 1, 1, 1]), "max_size_per_bin": 8}, "item 3 alone has size 9"),
     ({"sizes": torch.full((7,), 3.0), "max_size_per_bin": 5}, "no bin has room"),
     ({"sizes": torch.ones(7), "max_size_per_bin": 0}, "max_size_per_bin: must be > 0"),
+    ({"tol": -1e-3}, "tol: must be >= 0"),
 ])
 def test_bad_input(kw, match):
     args = {"costs": torch.arange(7.0), "num_bins": 3, **kw}

@@ -10,7 +10,8 @@ Two phases, both deterministic (same input, same output, on every rank):
    increasing cost, apply the move of one item or the swap of two items that most evens out the
    pair, if that lowers the pair's maximum (by more than 1e-12 relative).  Every step strictly lowers
    the sum of squared bin costs, so it ends; it is also capped at ``max_rounds`` steps and stops
-   at the lower bound ``max(largest item, total / num_bins)``.
+   once the largest bin is within ``tol`` (relative, default 1e-4) of the lower bound
+   ``max(largest item, total / num_bins)``.
 
 Infeasible limits are ``ValueError``: ``num_bins * max_per_bin < N``, an item larger than
 ``max_size_per_bin``, or LPT finding no bin with room for an item (a heuristic: it does not search
@@ -102,7 +103,7 @@ def _best_exchange(c: np.ndarray, s: Optional[np.ndarray], size_cap: Optional[fl
 
 
 def _refine(c: np.ndarray, bins: np.ndarray, num_bins: int, cap: Optional[int],
-            s: Optional[np.ndarray], size_cap: Optional[float], max_rounds: int) -> None:
+            s: Optional[np.ndarray], size_cap: Optional[float], max_rounds: int, tol: float) -> None:
     loads = np.bincount(bins, weights=c, minlength=num_bins)
     counts = np.bincount(bins, minlength=num_bins)
     used = np.bincount(bins, weights=s, minlength=num_bins) if s is not None else None
@@ -110,7 +111,7 @@ def _refine(c: np.ndarray, bins: np.ndarray, num_bins: int, cap: Optional[int],
     for _ in range(max_rounds):
         h = int(np.argmax(loads))
         lh = float(loads[h])
-        if lh <= bound * (1 + _REL_TOL):
+        if lh <= bound * (1 + tol):
             return
         ih = np.flatnonzero(bins == h)
         done = False
@@ -144,16 +145,19 @@ def _refine(c: np.ndarray, bins: np.ndarray, num_bins: int, cap: Optional[int],
 
 def plan_assignment(costs: torch.Tensor, num_bins: int, max_per_bin: Optional[int] = None, *,
                     sizes: Optional[torch.Tensor] = None, max_size_per_bin: Optional[float] = None,
-                    refine: bool = True, max_rounds: Optional[int] = None) -> torch.Tensor:
+                    refine: bool = True, max_rounds: Optional[int] = None, tol: float = 1e-4) -> torch.Tensor:
     """Bin of each item (``int64 [N]``, CPU) minimising the largest bin's total cost.
 
     ``costs [N]`` finite, >= 0.  ``max_per_bin`` bounds items per bin; ``sizes [N]`` with
     ``max_size_per_bin`` bounds each bin's total size (e.g. tokens: memory).  ``max_rounds``
-    caps refinement steps (default ``4 * N + 16``).  Algorithm and errors: module docstring."""
+    caps refinement steps (default ``4 * N + 16``); refinement stops within ``tol`` of the lower
+    bound (0: only when no step improves).  Algorithm and errors: module docstring."""
     c = _as_numpy("costs", costs)
     n = c.shape[0]
     if int(num_bins) < 1:
         raise ValueError(f"num_bins: must be >= 1, got {num_bins}")
+    if not tol >= 0:
+        raise ValueError(f"tol: must be >= 0, got {tol}")
     num_bins = int(num_bins)
     cap = None if max_per_bin is None else int(max_per_bin)
     if cap is not None and cap < 1:
@@ -176,7 +180,8 @@ def plan_assignment(costs: torch.Tensor, num_bins: int, max_per_bin: Optional[in
         return torch.empty(0, dtype=torch.int64)
     bins = _lpt(c, num_bins, cap, s, size_cap)
     if refine and num_bins > 1:
-        _refine(c, bins, num_bins, cap, s, size_cap, 4 * n + 16 if max_rounds is None else int(max_rounds))
+        _refine(c, bins, num_bins, cap, s, size_cap, 4 * n + 16 if max_rounds is None else int(max_rounds),
+                max(float(tol), _REL_TOL))
     return torch.from_numpy(bins)
 
 

@@ -200,6 +200,7 @@ class AllToAllBalancer(RankPlanner):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._capacity: Dict[object, int] = {}  # metadata words per process group (None: default)
+        self._schemas: Dict[tuple, int] = {}
 
     # -------------------------------------------------------------- public entry points
     def balance(self, lengths: torch.Tensor, token_fields: Optional[Mapping[str, torch.Tensor]] = None,
@@ -317,6 +318,14 @@ class AllToAllBalancer(RankPlanner):
             raise ValueError(f"{label}: requires grad; the exchange moves data and is not differentiable "
                              f"(balance the inputs, before the model)")
 
+    def _schema_hash(self, fields: List[Field], num_groups: int, lengths_dtype: torch.dtype) -> int:
+        """A 56-bit hash of the batch's layout, the same in every process (sha1, not ``hash``)."""
+        key = (tuple((f.name, f.group, str(f.dtype), f.trailing) for f in fields), num_groups, str(lengths_dtype))
+        got = self._schemas.get(key)
+        if got is None:
+            got = self._schemas[key] = int.from_bytes(hashlib.sha1(repr(key).encode()).digest()[:7], "little")
+        return got
+
     def _gather_metadata(self, header: List[int], meta: np.ndarray, error: Optional[ValueError],
                          world: int, rank: int, group, dev: torch.device) -> Tuple[np.ndarray, np.ndarray]:
         """One ``all_gather`` of ``[B, schema hash, error flag, words] + metadata`` padded to the
@@ -353,9 +362,7 @@ class AllToAllBalancer(RankPlanner):
         error, header, meta = None, [0, 0, 1], np.zeros(0, dtype=np.int64)
         try:
             fields, lens, costs = self._validate(groups, sample_fields, num_targets)
-            schema = repr([(f.name, f.group, str(f.dtype), f.trailing) for f in fields]
-                          + [len(groups), str(groups[0][0].dtype)])
-            header = [costs.size, int.from_bytes(hashlib.sha1(schema.encode()).digest()[:7], "little"), 0]
+            header = [costs.size, self._schema_hash(fields, len(groups), groups[0][0].dtype), 0]
             meta = np.stack([costs.view(np.int64)] + lens, 1).reshape(-1)  # [B, 1 + G]
         except ValueError as exc:
             error = exc
