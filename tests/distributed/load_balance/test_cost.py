@@ -92,7 +92,17 @@ def test_shapes_vary_tokens_and_pairs_independently():
     assert int(torch.linalg.matrix_rank(X / X.abs().amax(0))) == 3
 
 
-def test_calibrate_measures_caches_and_leaves_the_encoder_alone(tmp_path, monkeypatch):
+@pytest.fixture
+def one_thread():
+    """Calibrate as a rank does (one thread): two OpenMP threads on a loaded 2-core machine spin
+    for tens of milliseconds per op and drown the signal."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_calibrate_measures_caches_and_leaves_the_encoder_alone(tmp_path, monkeypatch, one_thread):
     torch.manual_seed(0)
     enc = HSTUEncoder(8, 1, 1, 4, 4, 32)
     before = {k: v.clone() for k, v in enc.state_dict().items()}
@@ -123,12 +133,33 @@ def test_calibrate_measures_caches_and_leaves_the_encoder_alone(tmp_path, monkey
     assert (stored["a"], stored["b"]) == (fresh.a, fresh.b) and fresh.source.startswith("measured")
 
 
-def test_a_corrupt_cache_is_measured_again(tmp_path):
+def test_a_corrupt_cache_is_measured_again(tmp_path, one_thread):
     (tmp_path / cost_mod.CACHE_FILE).write_text("{not json")
     enc = HSTUEncoder(8, 1, 1, 4, 4, 16)
     m = HSTUCostModel.calibrate(enc, "cpu", 16, cache_dir=str(tmp_path), repeats=1)
     assert calibration_key(enc, "cpu", 16) in json.loads((tmp_path / cost_mod.CACHE_FILE).read_text())
     assert m.a + m.b > 0
+
+
+def test_noise_only_timings_fall_back_to_the_flop_model(tmp_path, monkeypatch):
+    flat = [{"n": n, "k": k, "tokens": float(n * k), "pairs": float(k * n * n), "s": 0.05 * (1 + 0.01 * (-1) ** (i // 2))}
+            for i, (n, k) in enumerate(cost_mod._shapes(32))]  # noise, uncorrelated with tokens
+    monkeypatch.setattr(cost_mod, "_measure", lambda *a: flat)
+    enc = HSTUEncoder(8, 1, 1, 4, 4, 32)
+    with pytest.warns(UserWarning, match="did not grow with the token count"):
+        m = HSTUCostModel.calibrate(enc, "cpu", 32, cache_dir=str(tmp_path), target_coef=0.5)
+    assert m == HSTUCostModel.from_encoder(enc, target_coef=0.5) and m.source.startswith("flops")
+    assert not (tmp_path / cost_mod.CACHE_FILE).exists()
+
+    class Bare(torch.nn.Module):
+        embedding_dim = 8
+
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Linear(8, 8)
+
+    with pytest.raises(RuntimeError, match="no per-token cost"):
+        HSTUCostModel.calibrate(Bare(), "cpu", 32, cache_dir=str(tmp_path))
 
 
 def test_calibration_key_separates_shapes_devices_and_lengths():
