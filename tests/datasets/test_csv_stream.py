@@ -24,7 +24,7 @@ from torchrec_ascend.datasets import (
     preprocess,
     preprocess_table,
 )
-from torchrec_ascend.datasets.csv_stream import iter_csv, read_header
+from torchrec_ascend.datasets.csv_stream import CsvReader, iter_csv, read_header
 from torchrec_ascend.datasets.schema import ACTION_COLUMNS, LOG_COLUMNS
 
 N_ROWS = 50
@@ -320,3 +320,41 @@ def test_error_pickles_and_alias():
     assert str(DataError("f.csv", 3, None, "p")) == "f.csv: row 3 (file line 4): p"
     assert str(DataError("f.parquet", 3, "c", "p", line=None)) == "f.parquet: row 3, column 'c': p"
     assert str(DataError("f.csv", 0, "c", "missing")) == "f.csv: header, column 'c': missing"
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_typed_and_cell_checked_paths_agree(tmp_path, seed):
+    """The same cells through the typed parses and through the cell-checked path (forced by a
+    hexadecimal-looking text in an unused column) give the csv module's values."""
+    rng = np.random.default_rng(seed)
+    n = 3000
+    times = []
+    for k in range(n):
+        s = int(rng.integers(1_500_000_000, 1_700_000_000))
+        form = rng.integers(0, 4)
+        times.append([str(s), f"{s}.{int(rng.integers(0, 1000)):03d}", f"{s / 1e9:.9f}e9",
+                      f" {s} "][form] if seed else str(s))
+    rows = [f"{int(rng.integers(-50, 50))},{int(rng.integers(0, 10 ** 12))},{t},{k % 2},plain"
+            for k, t in enumerate(times)]
+    plain = tmp_path / "plain.csv"
+    plain.write_text("u,i,t,a,note\n" + "\n".join(rows) + "\n")
+    forced = tmp_path / "forced.csv"
+    forced.write_text("u,i,t,a,note\n" + "\n".join(r.replace(",plain", ",0x1f") for r in rows)
+                      + "\n")
+    kinds = {"u": "int", "i": "nonneg_int", "t": "time_s", "a": "flag"}
+    want = {"u": [], "i": [], "t": [], "a": []}
+    for r in csv.DictReader(open(plain)):
+        want["u"].append(int(r["u"]))
+        want["i"].append(int(r["i"]))
+        want["t"].append(int(np.rint(float(r["t"]) * 1000.0)))
+        want["a"].append(int(r["a"]))
+    modes = []
+    for p in (plain, forced):
+        got = {c: [] for c in kinds}
+        reader = CsvReader(read_header(str(p)), kinds, block_size=4096)
+        for _, arr in reader:
+            for c in kinds:
+                got[c] += np.asarray(arr[c]).tolist()
+        assert got == want, p
+        modes.append(reader._mode)
+    assert modes == [seed, 2]  # int64 times / doubles for decimals; the forced file: cell-checked

@@ -241,7 +241,14 @@ class CsvReader:
             seen[c] = seen.get(c, 0) + 1
         self._names = names
         self._order = {c: header.columns.index(c) for c in kinds}
-        self._slow = False
+        # typed parses to try, in order: ids/flags/times int64; then times as doubles (decimal
+        # seconds); past them (mode len(_typed)) every piece is cell-checked
+        fast = {c: _FAST_TYPES[k] for c, k in self.kinds.items()}
+        self._typed = [fast]
+        if any(k.startswith("time_") for k in self.kinds.values()):
+            self._typed.append({c: pa.float64() if k.startswith("time_") else t
+                                for (c, t), k in zip(fast.items(), self.kinds.values())})
+        self._mode = 0
         self.rows = 0
 
     # -- the stream --------------------------------------------------------------------------
@@ -318,19 +325,33 @@ class CsvReader:
             layout = _layout(piece, self.header.delimiter)
             if layout.problem is not None:
                 return self._slow_piece(piece, offset, final_newline, layout)
-        if self._slow or ((b"x" in piece or b"X" in piece) and  # pyarrow's int64 reads hex
-                          (b"0x" in piece or b"0X" in piece)):
-            return self._slow_piece(piece, offset, final_newline, layout)
+        hex_like = (b"x" in piece or b"X" in piece) and (b"0x" in piece or b"0X" in piece)
+        if not hex_like:  # pyarrow's int64 parser reads hexadecimal
+            for mode in range(self._mode, len(self._typed)):
+                got = self._typed_piece(piece, self._typed[mode])
+                if got is not None:
+                    self._mode = mode
+                    return got
+        got = self._slow_piece(piece, offset, final_newline, layout)
+        self._mode = len(self._typed)  # this file needs the cell-checked path: keep it
+        return got
+
+    def _typed_piece(self, piece: bytes, types: Mapping[str, pa.DataType]
+                     ) -> Optional[Tuple[Dict[str, Converted], int]]:
+        """The piece parsed with typed columns, or None if that fails anywhere (the slow path
+        then finds and names the problem, quoting the cell's own text)."""
         try:
-            table = self._parse(piece, {c: _FAST_TYPES[k] for c, k in self.kinds.items()})
+            table = self._parse(piece, types)
         except pa.ArrowInvalid:
-            return self._slow_piece(piece, offset, final_newline, layout)
+            return None
         if any(table.column(c).null_count for c in self.kinds):
-            return self._slow_piece(piece, offset, final_newline, layout)
+            return None
         out, bad = convert_columns(table, self.kinds, self._order)
         if bad is not None:
-            layout = layout or _layout(piece, self.header.delimiter)
-            self._raise_value(bad, offset, layout)
+            return None
+        for c, t in types.items():  # decimals parsed as doubles: exact only below 2^53
+            if t == pa.float64() and not (np.abs(out[c]) < 2 ** 53).all():  # type: ignore[arg-type]
+                return None
         return out, table.num_rows
 
     def _raise_value(self, bad: Tuple[int, int, str, str], offset: int, layout: _Layout) -> None:
@@ -384,7 +405,6 @@ class CsvReader:
             r, col, what = struct
             raise DataError(self.path, self.rows + r + 1, col, what,
                             line=self._line_at(offset) + int(layout.lines[r]))
-        self._slow = True
         return out, n
 
 

@@ -71,6 +71,18 @@ def cache_key(paths: Sequence[str], options: str = "") -> str:
     return h.hexdigest()[:16]
 
 
+def _distinct(ids: np.ndarray) -> np.ndarray:
+    """Sorted distinct values.  By sorting: numpy 2.4's ``np.unique`` hashes first and took
+    20-30x longer on 750K int64 ids (0.3-0.4 s against 16 ms, this 2-core machine)."""
+    s = np.sort(ids)
+    if len(s) < 2:
+        return s
+    keep = np.empty(len(s), dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
 class _UniqueIds:
     """Distinct int64 ids over a stream, memory ~ number of distinct ids."""
 
@@ -80,7 +92,7 @@ class _UniqueIds:
         self._pending_n = 0
 
     def add(self, ids: np.ndarray) -> None:
-        u = np.unique(ids)
+        u = _distinct(ids)
         self._pending.append(u)
         self._pending_n += len(u)
         if self._pending_n > max(4 * len(self._seen), 1 << 20):
@@ -88,7 +100,7 @@ class _UniqueIds:
 
     def _merge(self) -> None:
         if self._pending:
-            self._seen = np.unique(np.concatenate([self._seen] + self._pending))
+            self._seen = _distinct(np.concatenate([self._seen] + self._pending))
             self._pending, self._pending_n = [], 0
 
     def result(self) -> np.ndarray:

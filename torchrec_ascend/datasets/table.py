@@ -161,14 +161,13 @@ class _Vocab:
 
     def codes(self, text: pa.Array) -> np.ndarray:
         enc = pc.dictionary_encode(text)
-        per = np.empty(len(enc.dictionary), dtype=np.int64)
-        code, texts = self._code, self._texts
-        for j, s in enumerate(enc.dictionary.to_pylist()):
-            c = code.get(s)
-            if c is None:
-                c = code[s] = len(texts)
-                texts.append(s)
-            per[j] = c
+        distinct = enc.dictionary.to_pylist()  # first-appearance order within the chunk
+        get = self._code.get
+        per = np.array([get(s, -1) for s in distinct], dtype=np.int64)
+        for j in np.flatnonzero(per < 0):  # texts not seen before, in order
+            s = distinct[j]
+            per[j] = self._code[s] = len(self._texts)
+            self._texts.append(s)
         return per[enc.indices.to_numpy(zero_copy_only=False)]
 
     def array(self) -> pa.Array:
@@ -197,7 +196,7 @@ class TableSource:
         self.spec, self.block_size, self.batch_rows = spec, block_size, batch_rows
         self.files = expand_paths(spec.files)
         self._files = [self._inspect(p) for p in self.files]
-        self.id_types = {c: self._resolve_id_type(c) for c in (spec.user_col, spec.item_col)}
+        self.id_types = self._resolve_id_types((spec.user_col, spec.item_col))
         self.kinds = dict(spec.kinds)
         for c, t in self.id_types.items():
             self.kinds[c] = "int" if t == "int" else "text"
@@ -227,25 +226,31 @@ class TableSource:
         header.require(needed)
         return _File(path, fmt, header)
 
-    def _resolve_id_type(self, column: str) -> str:
+    def _resolve_id_types(self, columns: Sequence[str]) -> Dict[str, str]:
+        """Each id column's type: ``spec.id_type``, or for "auto" the first file with rows
+        decides (Parquet: the column type; CSV / TSV: the first data row's value)."""
         if self.spec.id_type != "auto":
-            return self.spec.id_type
+            return {c: self.spec.id_type for c in columns}
         for f in self._files:
             if f.format == "parquet":
-                t = open_parquet(f.path).schema_arrow.field(column).type
-                if pa.types.is_dictionary(t):
-                    t = t.value_type
-                return "int" if pa.types.is_integer(t) or pa.types.is_floating(t) else "str"
-            rows = iter(CsvReader(f.header, {column: "raw"}, min(self.block_size, 1 << 16)))
+                schema = open_parquet(f.path).schema_arrow
+                out = {}
+                for c in columns:
+                    t = schema.field(c).type
+                    t = t.value_type if pa.types.is_dictionary(t) else t
+                    out[c] = "int" if pa.types.is_integer(t) or pa.types.is_floating(t) else "str"
+                return out
+            rows = iter(CsvReader(f.header, {c: "raw" for c in columns},
+                                  min(self.block_size, 1 << 16)))
             try:
                 _, arr = next(rows)
             except StopIteration:
                 continue  # no data rows in this file
             finally:
                 rows.close()  # type: ignore[attr-defined]
-            first = pc.utf8_trim(arr[column], characters=" \t")[0].as_py()  # type: ignore[index]
-            return "int" if _AUTO_INT.match(first) else "str"
-        return "int"  # no data rows anywhere: reported later
+            first = {c: pc.utf8_trim(arr[c], characters=" \t")[0].as_py() for c in columns}
+            return {c: "int" if _AUTO_INT.match(v) else "str" for c, v in first.items()}
+        return {c: "int" for c in columns}  # no data rows anywhere: reported later
 
     def options(self) -> str:
         """What, beyond the files, decides the cache's content."""
