@@ -175,7 +175,8 @@ def _p90(xs: List[float]) -> float:
     return sorted(xs)[int(0.9 * (len(xs) - 1))]
 
 
-def measured(model: HSTUCostModel, batch_per_rank: int, steps: int, reps: int, max_len: int) -> Dict[str, object]:
+def measured(model: HSTUCostModel, batch_per_rank: int, steps: int, reps: int,
+             max_len: int) -> Dict[str, object]:
     per_rank = run_multiprocess(_measure_worker, 2, (model.a, model.b, batch_per_rank, steps, reps, max_len))
     by: Dict[tuple, list] = {}
     for res in per_rank:
@@ -196,7 +197,8 @@ def measured(model: HSTUCostModel, batch_per_rank: int, steps: int, reps: int, m
                 over[k].append(max(r[k] for r in rs))
             over["step_cpu_s"].append(max(r["cpu_min_s"] for r in rs) + over["balance_cpu_s"][-1]
                                       + over["restore_cpu_s"][-1])
-            over["step_s"].append(max(r["wall_min_s"] for r in rs) + over["balance_s"][-1] + over["restore_s"][-1])
+            over["step_s"].append(max(r["wall_min_s"] for r in rs) + over["balance_s"][-1]
+                                  + over["restore_s"][-1])
     med = {k: _median(v) for k, v in over.items()}
     ratio_t = torch.tensor(ratio, dtype=torch.float64)
     cpu_share = (med["balance_cpu_s"] + med["restore_cpu_s"]) / med["step_cpu_s"]
@@ -212,7 +214,8 @@ def measured(model: HSTUCostModel, batch_per_rank: int, steps: int, reps: int, m
             "steps_per_mode": len(imb["cpu_min_s"]["ours"]), "repeats": reps,
             "imbalance_median": {c: {m: _median(v) for m, v in imb[c].items()} for c in clocks},
             "imbalance_p90": {c: {m: _p90(v) for m, v in imb[c].items()} for c in clocks},
-            "cost_model_cpu_s_per_cost": {"median": _median(ratio), "cv": float(ratio_t.std() / ratio_t.mean())},
+            "cost_model_cpu_s_per_cost": {"median": _median(ratio),
+                                          "cv": float(ratio_t.std() / ratio_t.mean())},
             "medians_s": med,
             "overhead_fraction_cpu_time": cpu_share,
             "overhead_fraction_cpu_time_balance_only": med["balance_cpu_s"] / med["step_cpu_s"],
@@ -266,8 +269,8 @@ def main() -> int:
     d = meas["details"]
     print("measured step imbalance on 2 gloo ranks (max / mean - 1, median over steps; "
           "'same' = identical batches = noise floor):")
-    print_table([{"mode": m, **{c: d["imbalance_median"][c][m] for c in ("cpu_min_s", "wall_min_s", "wall_first_s",
-                                                                        "predicted")},
+    clocks = ("cpu_min_s", "wall_min_s", "wall_first_s", "predicted")
+    print_table([{"mode": m, **{c: d["imbalance_median"][c][m] for c in clocks},
                   "cpu p90": d["imbalance_p90"]["cpu_min_s"][m]} for m in ("random", "ours", "same")])
     med = d["medians_s"]
     print(f"balancer overhead (CPU time): balance {med['balance_cpu_s'] * 1e3:.2f} ms + restore "

@@ -92,7 +92,8 @@ def test_deterministic_and_tie_breaks_by_index():
 def test_heavy_tailed_hstu_batches_balance_to_under_a_tenth_of_a_percent(bins):
     g = torch.Generator().manual_seed(bins)
     sigma, mean, max_len = 1.0, 64.0, 256
-    x = torch.exp(torch.log(torch.tensor(mean)) - sigma ** 2 / 2 + sigma * torch.randn(64 * bins, generator=g))
+    mu = torch.log(torch.tensor(mean)) - sigma ** 2 / 2
+    x = torch.exp(mu + sigma * torch.randn(64 * bins, generator=g))
     lengths = x.round().clamp(1, max_len).long()
     lengths[0] = max_len
     costs = HSTUCostModel.from_flops(2, 64, 2, 32, 32).cost(lengths)
@@ -110,7 +111,8 @@ def test_tolerance_stops_refinement_near_the_lower_bound():
     bound = max(float(c.max()), float(c.sum()) / 6)
     loose = float(bin_loads(c, plan_assignment(c, 6, tol=1e-2), 6).max())
     tight = float(bin_loads(c, plan_assignment(c, 6, tol=0.0), 6).max())
-    assert tight <= loose <= max(bound * (1 + 1e-2), float(bin_loads(c, plan_assignment(c, 6, refine=False), 6).max()))
+    lpt = float(bin_loads(c, plan_assignment(c, 6, refine=False), 6).max())
+    assert tight <= loose <= max(bound * (1 + 1e-2), lpt)
     assert tight <= bound * (1 + 1e-6)
 
 
@@ -171,12 +173,13 @@ def test_rank_planner_limits_and_empty_ranks():
         RankPlanner(model, max_tokens_per_rank=40).plan_costs(costs, lengths, 2)
     one = lengths[:1]
     assert RankPlanner(model).plan_costs(model.cost(one), one, 2).tolist() == [0]
-    with pytest.raises(ValueError, match=r"allow_empty: the global batch has 1 sequences for 2 ranks, so ranks \[1\]"):
+    with pytest.raises(ValueError, match=r"allow_empty: .* 1 sequences for 2 ranks, so ranks \[1\]"):
         RankPlanner(model, allow_empty=False).plan_costs(model.cost(one), one, 2)
     assert RankPlanner(model, allow_empty=False).plan_costs(costs, lengths, 6).tolist() == list(range(6))
 
 
-@pytest.mark.parametrize("kw, match", [({"max_per_rank": 0}, "max_per_rank"), ({"max_tokens_per_rank": 1.5}, "max_tokens"),
+@pytest.mark.parametrize("kw, match", [({"max_per_rank": 0}, "max_per_rank"),
+                                       ({"max_tokens_per_rank": 1.5}, "max_tokens"),
                                        ({"max_per_rank": True}, "max_per_rank")])
 def test_rank_planner_bad_arguments(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -142,8 +142,9 @@ def test_a_corrupt_cache_is_measured_again(tmp_path, one_thread):
 
 
 def test_noise_only_timings_fall_back_to_the_flop_model(tmp_path, monkeypatch):
-    flat = [{"n": n, "k": k, "tokens": float(n * k), "pairs": float(k * n * n), "s": 0.05 * (1 + 0.01 * (-1) ** (i // 2))}
-            for i, (n, k) in enumerate(cost_mod._shapes(32))]  # noise, uncorrelated with tokens
+    flat = [{"n": n, "k": k, "tokens": float(n * k), "pairs": float(k * n * n),
+             "s": 0.05 * (1 + 0.01 * (-1) ** (i // 2))}  # noise, uncorrelated with tokens
+            for i, (n, k) in enumerate(cost_mod._shapes(32))]
     monkeypatch.setattr(cost_mod, "_measure", lambda *a: flat)
     enc = HSTUEncoder(8, 1, 1, 4, 4, 32)
     with pytest.warns(UserWarning, match="did not grow with the token count"):

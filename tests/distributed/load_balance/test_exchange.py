@@ -136,16 +136,19 @@ def _worker(rank: int, world: int) -> dict:
     out["too_long"] = _error(lambda: AllToAllBalancer(MODEL, max_tokens_per_rank=150).balance(
         long_b["lengths"], long_b["tok"]))
     one = _batch("one_sample", rank)
-    out["strict_empty"] = _error(lambda: AllToAllBalancer(MODEL, allow_empty=False).balance(one["lengths"], one["tok"]))
-    out["cap_infeasible"] = _error(lambda: AllToAllBalancer(MODEL, max_per_rank=5).balance(b["lengths"], b["tok"]))
-    out["grad"] = _error(lambda: bal.balance(b["lengths"], {"x": torch.zeros(int(b["lengths"].sum()), requires_grad=True)}))
+    strict, capped = AllToAllBalancer(MODEL, allow_empty=False), AllToAllBalancer(MODEL, max_per_rank=5)
+    out["strict_empty"] = _error(lambda: strict.balance(one["lengths"], one["tok"]))
+    out["cap_infeasible"] = _error(lambda: capped.balance(b["lengths"], b["tok"]))
+    x = torch.zeros(int(b["lengths"].sum()), requires_grad=True)
+    out["grad"] = _error(lambda: bal.balance(b["lengths"], {"x": x}))
     bb = bal.balance(b["lengths"], b["tok"])
     out["restore_rows"] = _error(lambda: bb.restore(torch.zeros(bb.lengths.numel() + 1)))
     # TorchRec types in, the same types out
     kjt = _kjt(rank)
     kout, kbb = bal.balance_kjt(kjt, {"user": torch.arange(kjt.stride()) + 100 * rank}, cost_key="ts")
     src = [_kjt(r) for r in range(world)]
-    assert isinstance(kout, KeyedJaggedTensor) and kout.keys() == kjt.keys() and kout.stride() == kbb.lengths.numel()
+    assert isinstance(kout, KeyedJaggedTensor) and kout.keys() == kjt.keys()
+    assert kout.stride() == kbb.lengths.numel()
     assert kout.lengths().dtype == torch.int32
     got, ref = kout.to_dict(), [k.to_dict() for k in src]
     for i, (r, j) in enumerate(zip(kbb.source_rank.tolist(), kbb.source_index.tolist())):
@@ -153,8 +156,9 @@ def _worker(rank: int, world: int) -> dict:
         for key in kjt.keys():
             assert torch.equal(got[key].to_dense()[i], ref[r][key].to_dense()[j]), key
             assert torch.equal(got[key].to_dense_weights()[i], ref[r][key].to_dense_weights()[j]), key
-    assert torch.equal(kbb.lengths, ref[0]["ts"].lengths()[:0].new_tensor(
-        [int(ref[r]["ts"].lengths()[j]) for r, j in zip(kbb.source_rank.tolist(), kbb.source_index.tolist())]))
+    src_pairs = zip(kbb.source_rank.tolist(), kbb.source_index.tolist())
+    want = [int(ref[r]["ts"].lengths()[j]) for r, j in src_pairs]  # cost_key's lengths
+    assert torch.equal(kbb.lengths, torch.tensor(want, dtype=torch.int32))
     assert torch.equal(kbb.restore(kbb.sample_fields["user"]), torch.arange(kjt.stride()) + 100 * rank)
     jt = JaggedTensor(values=b["tok"]["actf"], lengths=b["lengths"], weights=b["tok"]["ids"].double())
     jout, jbb = bal.balance_jagged(jt)
@@ -167,11 +171,13 @@ def _worker(rank: int, world: int) -> dict:
     out["kjt_B"] = kout.stride()
     out["gathers"] = _count_gathers(rank)
     out["bad_kjt"] = _error(lambda: bal.balance_kjt(kjt, cost_key="nope"))
+    out["training"] = _train_worker(rank, world)
     return out
 
 
 @pytest.fixture(scope="module")
 def results():
+    """One 2-rank run for every multi-process test of this module (spawning costs ~10 s)."""
     return run_multiprocess(_worker, 2)
 
 
@@ -324,8 +330,8 @@ def _train_worker(rank: int, world: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def training():
-    return run_multiprocess(_train_worker, 2)
+def training(results):
+    return [r["training"] for r in results]
 
 
 def test_training_loss_and_gradients_equal_with_and_without_balancing(training):

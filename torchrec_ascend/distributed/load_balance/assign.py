@@ -216,7 +216,8 @@ class RankPlanner:
     def __init__(self, cost_model, max_per_rank: Optional[int] = None,
                  max_tokens_per_rank: Optional[int] = None, allow_empty: bool = True) -> None:
         if not callable(getattr(cost_model, "cost", None)):
-            raise ValueError(f"cost_model: needs a cost(lengths, num_targets) method, got {type(cost_model).__name__}")
+            raise ValueError(f"cost_model: needs a cost(lengths, num_targets) method, "
+                             f"got {type(cost_model).__name__}")
         for name, v in (("max_per_rank", max_per_rank), ("max_tokens_per_rank", max_tokens_per_rank)):
             if v is not None and (isinstance(v, bool) or int(v) != v or int(v) < 1):
                 raise ValueError(f"{name}: must be an integer >= 1 or None, got {v!r}")

@@ -101,7 +101,8 @@ class HSTUCostModel:
             if t.shape != n.shape:
                 raise ValueError(f"num_targets: shape {tuple(t.shape)} != lengths shape {tuple(n.shape)}")
             if t.numel() and bool((t.to(torch.float64) > n).any()):
-                raise ValueError("num_targets: a sequence has more targets than tokens (num_targets > lengths)")
+                raise ValueError("num_targets: a sequence has more targets than tokens "
+                                 "(num_targets > lengths)")
             c = c + t.to(torch.float64) * self.target_coef
         return c
 

@@ -110,7 +110,8 @@ def _plan_exchange(counts: List[int], bins: np.ndarray, costs: np.ndarray, gleng
     mine = bins == rank
     order = np.argsort(local, kind="stable")
     G = glengths.shape[1]
-    send_tokens = [_ints(np.bincount(local, glengths[start:start + counts[rank], g], world)) for g in range(G)]
+    local_lengths = glengths[start:start + counts[rank]]
+    send_tokens = [_ints(np.bincount(local, local_lengths[:, g], world)) for g in range(G)]
     recv_tokens = [_ints(np.bincount(owner[mine], glengths[mine, g], world)) for g in range(G)]
     return _Exchange(world, rank, group, list(counts), bins, costs, glengths, owner, start, order,
                      torch.from_numpy(order).to(device), _ints(np.bincount(local, minlength=world)),
@@ -133,7 +134,8 @@ class BalancedBatch:
     sample_fields: Dict[str, torch.Tensor]
     num_targets: Optional[torch.Tensor]
     _ex: _Exchange
-    _groups: List[Tuple[torch.Tensor, Dict[str, torch.Tensor]]] = dataclasses.field(default_factory=list, repr=False)
+    _groups: List[Tuple[torch.Tensor, Dict[str, torch.Tensor]]] = dataclasses.field(
+        default_factory=list, repr=False)
 
     @property
     def offsets(self) -> torch.Tensor:
@@ -259,10 +261,11 @@ class AllToAllBalancer(RankPlanner):
             groups.append((lengths[i], fields))
         out = self._balance(groups, dict(sample_fields or {}), num_targets, group)
         back = {i: out._groups[j] for j, i in enumerate(order)}
+        per = [back[i] for i in range(len(keys))]
         kjt_out = KeyedJaggedTensor(
-            keys=keys, values=torch.cat([back[i][1]["values"] for i in range(len(keys))]),
-            weights=torch.cat([back[i][1]["weights"] for i in range(len(keys))]) if weights is not None else None,
-            lengths=torch.cat([back[i][0] for i in range(len(keys))]), stride=out.lengths.numel())
+            keys=keys, values=torch.cat([p[1]["values"] for p in per]),
+            weights=torch.cat([p[1]["weights"] for p in per]) if weights is not None else None,
+            lengths=torch.cat([p[0] for p in per]), stride=out.lengths.numel())
         return kjt_out, out
 
     # -------------------------------------------------------------- core
@@ -320,7 +323,8 @@ class AllToAllBalancer(RankPlanner):
 
     def _schema_hash(self, fields: List[Field], num_groups: int, lengths_dtype: torch.dtype) -> int:
         """A 56-bit hash of the batch's layout, the same in every process (sha1, not ``hash``)."""
-        key = (tuple((f.name, f.group, str(f.dtype), f.trailing) for f in fields), num_groups, str(lengths_dtype))
+        layout = tuple((f.name, f.group, str(f.dtype), f.trailing) for f in fields)
+        key = (layout, num_groups, str(lengths_dtype))
         got = self._schemas.get(key)
         if got is None:
             got = self._schemas[key] = int.from_bytes(hashlib.sha1(repr(key).encode()).digest()[:7], "little")
