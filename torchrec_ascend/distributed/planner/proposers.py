@@ -1,0 +1,262 @@
+"""``HierarchicalProposer``: which sharding option each table takes, chosen by cost.
+
+Each table's options are first priced alone (:func:`.estimators.canonical_placement`).  An
+assignment (one option per table) is then evaluated exactly as the partitioner will place it
+(:class:`.partitioners.Placer`, same order, same memory): its estimated step time and
+inter-host bytes, or "does not fit".  Three starts are evaluated:
+
+* greedy: heaviest table first (its fastest option's seconds alone), each table takes the
+  option that, placed next to the tables chosen so far, leaves the best objective value;
+* each table's best option alone for the objective (time, then inter-host bytes);
+* each table's fewest-inter-host-bytes option.
+
+If none fits, the greedy start shrinks: one table at a time moves to an option that needs less
+memory (the move that costs the least time — or inter-host bytes — alone per byte saved) until
+the assignment fits.  From the best start a local search tries, table by table (heaviest
+first), each other option (best alone first) and keeps a move when the whole assignment gets
+better: ``objective="time"``: faster, or as fast with fewer inter-host bytes;
+``"inter_host_bytes"``: fewer inter-host bytes, or as many and faster.  It stops after a sweep
+without a move or ``max_evaluations`` evaluations.  The planner is offered the search's result,
+then the starts; TorchRec's loop keeps the best rated.  Deterministic.
+
+Compute kernels the cost model does not price (UVM, caching, key-value) are left out, and so
+are options with an empty shard (a row-wise table with fewer rows than ranks: fbgemm's CPU
+embedding kernel fails on a table of zero rows); a table left with no option is a
+:class:`ValueError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.planner.types import Enumerator, Proposer, ShardingOption, Topology
+
+from .estimators import CostModel, canonical_placement
+from .partitioners import Placer
+from .perf_models import OBJECTIVES
+
+__all__ = ["HierarchicalProposer", "PRICED_KERNELS"]
+
+PRICED_KERNELS = frozenset({EmbeddingComputeKernel.DENSE.value, EmbeddingComputeKernel.FUSED.value,
+                            EmbeddingComputeKernel.QUANT.value})
+# between equally priced options, the simpler layout
+_TYPE_ORDER = {"data_parallel": 0, "table_wise": 1, "table_row_wise": 2, "column_wise": 3,
+               "row_wise": 4, "table_column_wise": 5, "grid_shard": 6}
+_REL = 1e-9  # relative difference below which two estimates are equal
+
+Choice = Dict[str, int]
+Value = Tuple[float, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Priced:
+    option: ShardingOption
+    inter: float
+    time: float
+    peak: float
+    total: float
+    order: int
+
+    @property
+    def pressure(self) -> float:
+        """Memory weight: the largest shard plus the mean per rank."""
+        return self.peak + self.total
+
+
+class HierarchicalProposer(Proposer):
+    def __init__(self, cost_model: CostModel, objective: str = "time",
+                 max_evaluations: int = 200) -> None:
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective={objective!r}: must be one of {OBJECTIVES}")
+        if max_evaluations < 1:
+            raise ValueError(f"max_evaluations={max_evaluations}: must be >= 1")
+        self.cost_model = cost_model
+        self.objective = objective
+        self.max_evaluations = max_evaluations
+        self.free: Optional[np.ndarray] = None  # memory per device; the planner sets it
+        self.evaluations = 0
+        self._tables: List[str] = []
+        self._options: Dict[str, List[_Priced]] = {}
+        self._queue: List[Choice] = []
+
+    # ------------------------------------------------------------------ Proposer API
+
+    def load(self, search_space: List[ShardingOption],
+             enumerator: Optional[Enumerator] = None) -> None:
+        self._tables, self._options, self._queue = [], {}, []
+        self.evaluations = 0
+        by_table: Dict[str, List[ShardingOption]] = {}
+        for so in search_space:
+            by_table.setdefault(so.fqn, []).append(so)
+        for fqn in sorted(by_table):
+            self._options[fqn] = self._price_alone(fqn, by_table[fqn])
+            self._tables.append(fqn)
+        if not self._tables:
+            return
+        starts = [self._greedy(),
+                  {t: min(self._options[t], key=self._key).order for t in self._tables},
+                  {t: min(self._options[t], key=self._inter_key).order for t in self._tables}]
+        valued = [(self._evaluate(c), c) for c in starts]
+        feasible = [(v, c) for v, c in valued if v is not None]
+        if feasible:
+            best = min(feasible, key=lambda vc: self._order(vc[0]))
+            result = self._local_search(*best)
+        else:
+            result = self._shrink(starts[0])
+        for c in [result] + starts:
+            if c not in self._queue:
+                self._queue.append(c)
+
+    def propose(self) -> Optional[List[ShardingOption]]:
+        if not self._queue:
+            return None
+        choice = self._queue.pop(0)
+        return [self._options[t][choice[t]].option for t in self._tables]
+
+    def feedback(self, partitionable: bool, plan: Optional[List[ShardingOption]] = None,
+                 perf_rating: Optional[float] = None,
+                 storage_constraint: Optional[Topology] = None) -> None:
+        """The proposals were evaluated in :meth:`load`; TorchRec's loop keeps the best."""
+
+    # ------------------------------------------------------------------ pricing
+
+    def _price_alone(self, fqn: str, opts: List[ShardingOption]) -> List[_Priced]:
+        cm = self.cost_model
+        priced_opts = [so for so in opts if so.compute_kernel in PRICED_KERNELS]
+        if not priced_opts:
+            kernels = sorted({so.compute_kernel for so in opts})
+            raise ValueError(f"table {fqn}: compute kernels {kernels} are not priced by the "
+                             f"hierarchical cost model (priced: {sorted(PRICED_KERNELS)}); allow "
+                             "one of those in its ParameterConstraints")
+        runnable = [so for so in priced_opts if all(min(s.size) > 0 for s in so.shards)]
+        if not runnable:
+            types = sorted({so.sharding_type for so in priced_opts})
+            raise ValueError(f"table {fqn}: every allowed option ({types}) has an empty shard "
+                             f"(table {list(priced_opts[0].tensor.shape)} on "
+                             f"{cm.topology.world_size} ranks); allow a sharding type that keeps "
+                             "rows on every shard (table_wise, data_parallel)")
+        priced_opts = runnable
+        kept: Dict[tuple, _Priced] = {}
+        for so in priced_opts:
+            pt = canonical_placement(cm.tables[fqn], so.sharding_type, so.compute_kernel,
+                                     [(s.size, s.offset) for s in so.shards], cm.topology)
+            cost = cm.price([pt])
+            mem = cm.memory(pt)
+            p = _Priced(so, cost.inter_bytes, cost.step_s, float(mem.max()),
+                        float(mem.sum()) / cm.topology.world_size, 0)
+            # one column shard is a table-wise table: keep one of equal layouts, the simplest
+            same = (p.inter, p.time, p.peak, p.total, len(so.shards), so.compute_kernel)
+            if same not in kept or self._time_key(p) < self._time_key(kept[same]):
+                kept[same] = p
+        ordered = sorted(kept.values(), key=lambda p: (_TYPE_ORDER.get(p.option.sharding_type,
+                                                                       99), p.time, p.inter))
+        return [dataclasses.replace(p, order=i) for i, p in enumerate(ordered)]
+
+    def _placer(self) -> Placer:
+        W = self.cost_model.topology.world_size
+        return Placer(self.cost_model, self.free if self.free is not None else np.full(W, np.inf))
+
+    def _evaluate(self, choice: Choice) -> Optional[Value]:
+        """(time, inter-host bytes) of ``choice`` placed as the partitioner places it; None if
+        it does not fit."""
+        self.evaluations += 1
+        placer = self._placer()
+        if not placer.try_options([self._options[t][choice[t]].option for t in self._tables]):
+            return None
+        return placer.time(), placer.inter_bytes()
+
+    def _order(self, v: Value) -> Value:
+        return v if self.objective == "time" else (v[1], v[0])
+
+    def _better(self, a: Value, b: Value) -> bool:
+        """``a`` beats ``b`` under the objective (first key, then second)."""
+        a, b = self._order(a), self._order(b)
+        if a[0] < b[0] * (1 - _REL):
+            return True
+        return a[0] <= b[0] * (1 + _REL) and a[1] < b[1] * (1 - _REL)
+
+    # ------------------------------------------------------------------ keys
+
+    @staticmethod
+    def _time_key(p: _Priced) -> tuple:
+        return (p.time, p.inter, p.pressure, _TYPE_ORDER.get(p.option.sharding_type, 99),
+                p.option.compute_kernel, p.order)
+
+    @staticmethod
+    def _inter_key(p: _Priced) -> tuple:
+        return (p.inter, p.time, p.pressure, _TYPE_ORDER.get(p.option.sharding_type, 99),
+                p.option.compute_kernel, p.order)
+
+    def _key(self, p: _Priced) -> tuple:
+        """The objective's order of one table's options (alone)."""
+        return self._time_key(p) if self.objective == "time" else self._inter_key(p)
+
+    def _weight_order(self) -> List[str]:
+        """Tables, heaviest first: their fastest option's seconds alone, then name."""
+        return sorted(self._tables, key=lambda t: (-min(p.time for p in self._options[t]), t))
+
+    # ------------------------------------------------------------------ search
+
+    def _greedy(self) -> Choice:
+        placer = self._placer()
+        choice: Choice = {}
+        for fqn in self._weight_order():
+            best = None
+            for p in self._options[fqn]:
+                trial = placer.copy()
+                if not trial.try_options([p.option]):
+                    continue
+                value = (trial.time(), trial.inter_bytes())
+                key = self._order(value) + self._key(p)
+                if best is None or key < best[0]:
+                    best = (key, p.order, trial)
+            if best is None:  # nothing fits next to the others: the smallest (then shrink)
+                choice[fqn] = min(self._options[fqn], key=lambda p: (p.pressure, p.order)).order
+                continue
+            choice[fqn] = best[1]
+            placer = best[2]
+        return choice
+
+    def _local_search(self, value: Value, choice: Choice) -> Choice:
+        choice = dict(choice)
+        moved = True
+        while moved and self.evaluations < self.max_evaluations:
+            moved = False
+            for fqn in self._weight_order():
+                alts = sorted((p for p in self._options[fqn] if p.order != choice[fqn]),
+                              key=self._key)
+                for p in alts:
+                    if self.evaluations >= self.max_evaluations:
+                        return choice
+                    trial = dict(choice, **{fqn: p.order})
+                    v = self._evaluate(trial)
+                    if v is not None and self._better(v, value):
+                        choice, value, moved = trial, v, True
+                        break
+        return choice
+
+    def _shrink(self, choice: Choice) -> Choice:
+        """Move tables to smaller options until ``choice`` fits (or no move is left)."""
+        choice = dict(choice)
+        while self.evaluations < self.max_evaluations:
+            best = None
+            for fqn in self._tables:
+                cur = self._options[fqn][choice[fqn]]
+                for p in self._options[fqn]:
+                    saved = cur.pressure - p.pressure
+                    if saved <= 0:
+                        continue
+                    cost = p.time - cur.time if self.objective == "time" else p.inter - cur.inter
+                    key = (max(0.0, cost) / saved, -saved, fqn, p.order)
+                    if best is None or key < best[0]:
+                        best = (key, fqn, p.order)
+            if best is None:
+                break
+            choice[best[1]] = best[2]
+            value = self._evaluate(choice)
+            if value is not None:
+                return self._local_search(value, choice)
+        return choice
