@@ -14,11 +14,11 @@ the line named: a ``"`` inside an unquoted field or text after a closing quote (
 boundaries are found by quote parity, which such a quote would shift), a quote never closed, a
 bare ``\\r`` line end, a record with a different number of fields than the header.
 
-Fast path: each piece is parsed with the needed columns typed (int64 / string), which is
-pyarrow's own speed; a piece that fails (a decimal, an empty cell, a bad value, a malformed
-record) is parsed again as raw bytes and checked cell by cell to find and name the first problem,
-or to convert what the fast path cannot (integral decimals, decimal times).  A file that needed
-that once is read that way to its end.
+Fast path: each piece is parsed with the needed columns typed (int64 / string; if that fails,
+times as doubles), which is pyarrow's own speed; a piece that still fails (an integral decimal
+id, an empty cell, a bad value, a malformed record) is parsed again as raw bytes and checked cell
+by cell to find and name the first problem, or to convert what the typed parses cannot.  A file
+that needed that once is read that way to its end.  File lines are counted only for an error.
 """
 
 from __future__ import annotations
