@@ -33,11 +33,11 @@ from torchrec.distributed.types import ShardingType
 from .estimators import PHASES, CostModel, Loads, link_time
 from .types import HOST_GROUP_TYPES, PlacedTable, ShardSpec
 
-__all__ = ["HierarchicalPartitioner", "PartitionFailure", "Placer", "Unit", "units_of"]
+__all__ = ["HierarchicalPartitioner", "PartitionFailure", "Placer", "Unit", "units_of",
+           "format_bytes"]
 
 DP = ShardingType.DATA_PARALLEL.value
 _FIXED = (DP, ShardingType.ROW_WISE.value)
-GiB = float(1 << 30)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,10 +54,10 @@ class PartitionFailure:
     where: str
 
     def message(self) -> str:
-        return (f"table {self.table!r} ({self.sharding_type}) needs {self.needed / GiB:.3f} GiB "
-                f"({self.needed} bytes) on each of {self.where}, but at most "
-                f"{self.available / GiB:.3f} GiB ({self.available} bytes) is free there "
-                f"(memory per device after the reservation: {self.capacity / GiB:.3f} GiB)")
+        return (f"table {self.table!r} ({self.sharding_type}) needs {format_bytes(self.needed)} "
+                f"on {self.where}, but at most {format_bytes(self.available)} is free on any "
+                f"such place (memory per device after the reservation: "
+                f"{format_bytes(self.capacity)})")
 
 
 @dataclasses.dataclass
@@ -71,6 +71,14 @@ class Unit:
 
     def needs(self) -> List[int]:
         return [_bytes(self.option.shards[i].storage) for i in self.shard_idx]
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes as "1.50 GiB" / "12.0 MiB" / "3.2 KiB" / "17 B" (and the exact count)."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit} ({int(n)} bytes)"
+    return f"{int(n)} bytes"
 
 
 def _bytes(storage) -> int:
@@ -202,8 +210,8 @@ class Placer:
         place, most_free = self.best(u)
         if place is None:
             L = self.cost_model.topology.devices_per_host
-            where = {"host": f"the {L} devices of any host", "rank": "one device",
-                     "fixed": "every rank"}[u.kind]
+            where = {"host": f"each of the {L} devices of one host", "rank": "one device",
+                     "fixed": "every device"}[u.kind]
             return PartitionFailure(u.option.fqn, u.option.sharding_type, max(u.needs()),
                                     most_free, self.capacity, where)
         for i, r in zip(u.shard_idx, place[0]):

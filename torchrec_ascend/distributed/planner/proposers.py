@@ -17,7 +17,8 @@ first), each other option (best alone first) and keeps a move when the whole ass
 better: ``objective="time"``: faster, or as fast with fewer inter-host bytes;
 ``"inter_host_bytes"``: fewer inter-host bytes, or as many and faster.  It stops after a sweep
 without a move or ``max_evaluations`` evaluations.  The planner is offered the search's result,
-then the starts; TorchRec's loop keeps the best rated.  Deterministic.
+then the starts that fit (TorchRec's loop keeps the best rated), or, when nothing fits, the
+shrunk assignment alone (its failure is the one reported).  Deterministic.
 
 Compute kernels the cost model does not price (UVM, caching, key-value) are left out, and so
 are options with an empty shard (a row-wise table with fewer rows than ranks: fbgemm's CPU
@@ -103,12 +104,10 @@ class HierarchicalProposer(Proposer):
         feasible = [(v, c) for v, c in valued if v is not None]
         if feasible:
             best = min(feasible, key=lambda vc: self._order(vc[0]))
-            result = self._local_search(*best)
-        else:
-            result = self._shrink(starts[0])
-        for c in [result] + starts:
-            if c not in self._queue:
-                self._queue.append(c)
+            self._queue.append(self._local_search(*best))
+            self._queue.extend(c for _, c in feasible if c not in self._queue)
+        else:  # offer only the smallest layout: its failure is the one worth reporting
+            self._queue.append(self._shrink(starts[0]))
 
     def propose(self) -> Optional[List[ShardingOption]]:
         if not self._queue:

@@ -25,6 +25,7 @@ class DeviceMemoryReservation(StorageReservation):
         if not 0 <= fraction < 1:
             raise ValueError(f"fraction={fraction}: must be in [0, 1)")
         self.fraction = fraction
+        self._percentage = fraction  # TorchRec's planner reads it when reporting a failure
         self._last: Optional[Topology] = None
 
     def reserve(self, topology: Topology, batch_size: int, module: nn.Module,

@@ -201,8 +201,8 @@ def validation_tables() -> List[TableRow]:
     return [
         TableRow("user", 64, DIM, (1.0,), ("f_user",)),
         TableRow("hot", 8, DIM, (2.0,), ("f_hot",)),
-        TableRow("big", 400, DIM, (3.0, 1.0), ("f_big_a", "f_big_b")),
-        TableRow("item", 300, DIM, (6.0,), ("f_item",), pooled=False),
+        TableRow("big", 4000, DIM, (3.0, 1.0), ("f_big_a", "f_big_b")),
+        TableRow("item", 3000, DIM, (6.0,), ("f_item",), pooled=False),
         TableRow("tag", 8, DIM, (4.0,), ("f_tag",), pooled=False),
     ]
 
@@ -233,12 +233,14 @@ class ValidationModel(nn.Module):
                                     feature_names=list(t.features))
                     for t in tables if not t.pooled],
             device=device)
+        self.bag_features = [f for t in tables if t.pooled for f in t.features]
         self.seq_features = [f for t in tables if not t.pooled for f in t.features]
         width = DIM * sum(len(t.features) for t in tables)
         self.head = nn.Linear(width, 1, device=device)
 
     def forward(self, batch: ValidationBatch) -> torch.Tensor:
-        parts = [self.ebc(batch.bags).values()]
+        pooled = self.ebc(batch.bags)  # by key: a sharded EBC orders its outputs by shard
+        parts = [pooled[f] for f in self.bag_features]
         seqs = self.ec(batch.seqs)
         for f in self.seq_features:
             jt = seqs[f]
@@ -274,7 +276,7 @@ def make_batch(rank: int, step: int, batch_size: int) -> ValidationBatch:
                            torch.randint(0, 2, (batch_size,), generator=g).float())
 
 
-LR = 0.05
+LR = 0.5
 
 
 def train_planned(plan: ShardingPlan, device: torch.device, steps: int, batch_size: int,
