@@ -39,6 +39,8 @@ from torchrec_ascend.testing import simulated_npu  # noqa: E402
 from torchrec_ascend.testing import torchrec_workload as W  # noqa: E402
 from torchrec_ascend.testing.multiprocess import rank_device, run_multiprocess  # noqa: E402
 
+from test_validation import check_raw_collectives, count_raw_collectives  # noqa: E402
+
 BATCH = 16
 STEPS = 2
 MEMORY = 250_000  # bytes per device: the big tables cannot be data parallel
@@ -179,6 +181,7 @@ def _gloo_worker(rank: int, world: int) -> dict:
         except HierarchicalPlannerError as e:
             errors.append(str(e))
     out["errors"] = errors
+    out["raw_collectives"] = count_raw_collectives(rank, world)
     return out
 
 
@@ -242,6 +245,11 @@ def test_collective_plan_is_the_single_process_plan_on_every_rank(gloo_runs):
     for name, forced in [("ours", None)] + list(FORCED.items()):
         expected = plan_digest(_planner(forced=forced).plan(model, T.default_sharders()))
         assert [r[name]["digest"] for r in gloo_runs] == [expected] * 4, name
+
+
+@pytest.mark.slow
+def test_comm_counter_counts_what_each_collective_sends(gloo_runs):
+    check_raw_collectives([r["raw_collectives"] for r in gloo_runs])
 
 
 @pytest.mark.slow

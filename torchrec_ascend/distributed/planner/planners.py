@@ -65,8 +65,11 @@ class HierarchicalShardingPlanner(EmbeddingShardingPlanner):
             class, else the sharder's fused optimizer, else TBE's default SGD).
         reserve_fraction: memory fraction of each device kept for the rest of the model
             (ignored when ``storage_reservation`` is given).
-        objective: "time" (least estimated step time; inter-host links are priced at their
-            bandwidth) or "inter_host_bytes" (fewest inter-host bytes, then time).
+        objective: "time" (least estimated step time, inter-host links priced at their
+            bandwidth; within ``tolerance`` of it, fewest inter-host bytes) or
+            "inter_host_bytes" (fewest inter-host bytes, then time).
+        tolerance: relative step-time slack the "time" objective trades for fewer inter-host
+            bytes (default 0.01).
         max_evaluations, index_bytes, length_bytes, buffer_copies: proposer and cost model knobs
             (:class:`.proposers.HierarchicalProposer`, :class:`.estimators.CostModel`).
         storage_reservation, stats, debug, callbacks, timeout_seconds: as TorchRec's
@@ -82,6 +85,7 @@ class HierarchicalShardingPlanner(EmbeddingShardingPlanner):
         optimizer: Optional[str] = None,
         reserve_fraction: float = 0.15,
         objective: str = "time",
+        tolerance: float = 0.01,
         max_evaluations: int = 200,
         index_bytes: int = 8,
         length_bytes: int = 8,
@@ -125,7 +129,8 @@ class HierarchicalShardingPlanner(EmbeddingShardingPlanner):
                                            constraints=constraints, estimator=[estimator]),
             storage_reservation=(storage_reservation if storage_reservation is not None
                                  else DeviceMemoryReservation(reserve_fraction)),
-            proposer=HierarchicalProposer(self.cost_model, objective, max_evaluations),
+            proposer=HierarchicalProposer(self.cost_model, objective, max_evaluations,
+                                          tolerance),
             partitioner=HierarchicalPartitioner(self.cost_model),
             performance_model=HierarchicalPerfModel(self.cost_model, objective),
             stats=stats if stats is not None else [],

@@ -12,13 +12,14 @@ inter-host bytes, or "does not fit".  Three starts are evaluated:
 
 If none fits, the greedy start shrinks: one table at a time moves to an option that needs less
 memory (the move that costs the least time — or inter-host bytes — alone per byte saved) until
-the assignment fits.  From the best start a local search tries, table by table (heaviest
-first), each other option (best alone first) and keeps a move when the whole assignment gets
-better: ``objective="time"``: faster, or as fast with fewer inter-host bytes;
-``"inter_host_bytes"``: fewer inter-host bytes, or as many and faster.  It stops after a sweep
-without a move or ``max_evaluations`` evaluations.  The planner is offered the search's result,
-then the starts that fit (TorchRec's loop keeps the best rated), or, when nothing fits, the
-shrunk assignment alone (its failure is the one reported).  Deterministic.
+the assignment fits.  From the best start a local search tries, table by table (heaviest first), each other option
+(best alone first) and keeps a move when the whole assignment gets better.  Better, for
+``objective="time"``: among assignments within ``tolerance`` (default 1%) of the fastest one
+seen, fewer inter-host bytes, then faster; otherwise faster.  For ``"inter_host_bytes"``:
+fewer inter-host bytes, then faster.  It stops after a sweep without a move or
+``max_evaluations`` evaluations, and proposes its result (TorchRec's loop partitions and rates
+it); when nothing fits, the shrunk assignment (its failure is the one reported).
+Deterministic.
 
 Compute kernels the cost model does not price (UVM, caching, key-value) are left out, and so
 are options with an empty shard (a row-wise table with fewer rows than ranks: fbgemm's CPU
@@ -69,9 +70,13 @@ class _Priced:
 
 class HierarchicalProposer(Proposer):
     def __init__(self, cost_model: CostModel, objective: str = "time",
-                 max_evaluations: int = 200) -> None:
+                 max_evaluations: int = 200, tolerance: float = 0.01) -> None:
         if objective not in OBJECTIVES:
             raise ValueError(f"objective={objective!r}: must be one of {OBJECTIVES}")
+        if not 0 <= tolerance < 1:
+            raise ValueError(f"tolerance={tolerance}: must be in [0, 1)")
+        self.tolerance = tolerance
+        self._fastest = float("inf")
         if max_evaluations < 1:
             raise ValueError(f"max_evaluations={max_evaluations}: must be >= 1")
         self.cost_model = cost_model
@@ -89,6 +94,7 @@ class HierarchicalProposer(Proposer):
              enumerator: Optional[Enumerator] = None) -> None:
         self._tables, self._options, self._queue = [], {}, []
         self.evaluations = 0
+        self._fastest = float("inf")
         by_table: Dict[str, List[ShardingOption]] = {}
         for so in search_space:
             by_table.setdefault(so.fqn, []).append(so)
@@ -103,10 +109,12 @@ class HierarchicalProposer(Proposer):
         valued = [(self._evaluate(c), c) for c in starts]
         feasible = [(v, c) for v, c in valued if v is not None]
         if feasible:
-            best = min(feasible, key=lambda vc: self._order(vc[0]))
+            best = feasible[0]
+            for vc in feasible[1:]:
+                if self._better(vc[0], best[0]):
+                    best = vc
             self._queue.append(self._local_search(*best))
-            self._queue.extend(c for _, c in feasible if c not in self._queue)
-        else:  # offer only the smallest layout: its failure is the one worth reporting
+        else:  # the smallest layout: its failure is the one worth reporting
             self._queue.append(self._shrink(starts[0]))
 
     def propose(self) -> Optional[List[ShardingOption]]:
@@ -165,17 +173,28 @@ class HierarchicalProposer(Proposer):
         placer = self._placer()
         if not placer.try_options([self._options[t][choice[t]].option for t in self._tables]):
             return None
+        self._fastest = min(self._fastest, placer.time())
         return placer.time(), placer.inter_bytes()
 
-    def _order(self, v: Value) -> Value:
-        return v if self.objective == "time" else (v[1], v[0])
+    def _order(self, v: Value) -> tuple:
+        """Sort key of an evaluated assignment.  "time": within ``tolerance`` of the fastest
+        seen, fewer inter-host bytes first, then faster; the rest by time.  "inter_host_bytes":
+        inter-host bytes, then time."""
+        t, inter = v
+        if self.objective == "inter_host_bytes":
+            return (inter, t)
+        if t <= self._fastest * (1 + self.tolerance):
+            return (0.0, inter, t)
+        return (1.0, t, inter)
 
     def _better(self, a: Value, b: Value) -> bool:
-        """``a`` beats ``b`` under the objective (first key, then second)."""
-        a, b = self._order(a), self._order(b)
-        if a[0] < b[0] * (1 - _REL):
-            return True
-        return a[0] <= b[0] * (1 + _REL) and a[1] < b[1] * (1 - _REL)
+        """``a`` sorts before ``b`` (floats equal within a relative 1e-9 count as equal)."""
+        for x, y in zip(self._order(a), self._order(b)):
+            if x < y * (1 - _REL) - 1e-300:
+                return True
+            if x > y * (1 + _REL) + 1e-300:
+                return False
+        return False
 
     # ------------------------------------------------------------------ keys
 

@@ -101,7 +101,8 @@ class TableSpec:
 
     @property
     def fqn(self) -> str:
-        return f"{self.module}.{self.name}" if self.module else self.name
+        """``<module path>.<table>``, as TorchRec's ``ShardingOption.fqn`` (".t" at the top)."""
+        return f"{self.module}.{self.name}"
 
     @property
     def num_features(self) -> int:
@@ -176,7 +177,7 @@ def placed_tables_from_plan(plan: ShardingPlan, tables: Mapping[str, TableSpec],
     out: List[PlacedTable] = []
     for path in sorted(plan.plan):
         for name, ps in sorted(plan.plan[path].items()):  # type: ignore[union-attr]
-            fqn = f"{path}.{name}" if path else name
+            fqn = f"{path}.{name}"
             if fqn not in tables:
                 raise ValueError(f"plan: table {fqn!r} has no TableSpec (known: {sorted(tables)})")
             spec = tables[fqn]

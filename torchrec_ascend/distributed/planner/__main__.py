@@ -1,0 +1,88 @@
+"""``python -m torchrec_ascend.distributed.planner``: plan a table file for a cluster, offline.
+
+    python -m torchrec_ascend.distributed.planner --tables tables.yaml --hosts 2 \\
+        --devices-per-host 8 [--preset ascend-a2 | --topology topo.yaml] [--batch-size 512] \\
+        [--objective time|inter_host_bytes] [--json] [--plot plan.png]
+
+Prints the explanation (per rank: tables, shards, memory, intra- / inter-host bytes, estimated
+times; totals; per table) or, with ``--json``, the same as JSON with the TorchRec plan's
+sharding types.  The table file format is in :mod:`.tables`, the topology file's in
+:meth:`.topology.HierarchicalTopology.from_dict` (docs/planner.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+from .planners import HierarchicalShardingPlanner
+from .presets import PRESETS
+from .proposers import OBJECTIVES
+from .tables import build_module, default_sharders, load_tables, table_constraints
+from .topology import HierarchicalTopology, ensure_device_name
+from .types import HierarchicalPlannerError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m torchrec_ascend.distributed.planner",
+                                description="Plan embedding tables on hosts x devices.")
+    p.add_argument("--tables", required=True, help="table file (.yaml / .yml / .json)")
+    p.add_argument("--hosts", type=int, default=None, help="hosts (default 1, or the file's)")
+    p.add_argument("--devices-per-host", type=int, default=None,
+                   help="devices per host (default: the preset's, or the file's)")
+    p.add_argument("--preset", default="ascend-a2", choices=sorted(PRESETS),
+                   help="host kind when no --topology file is given (default ascend-a2)")
+    p.add_argument("--topology", default=None, help="topology file (.yaml / .yml / .json)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="per-rank batch size (default: the table file's, else 512)")
+    p.add_argument("--objective", default="time", choices=OBJECTIVES)
+    p.add_argument("--reserve", type=float, default=0.15,
+                   help="fraction of device memory kept for the rest of the model (0.15)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--plot", default=None, help="also save per-rank bars to this PNG")
+    return p
+
+
+def _topology(args: argparse.Namespace) -> HierarchicalTopology:
+    if args.topology:
+        topo = HierarchicalTopology.from_file(args.topology)
+        changes = {k: v for k, v in (("hosts", args.hosts),
+                                     ("devices_per_host", args.devices_per_host)) if v is not None}
+        return topo.replace(**changes) if changes else topo
+    return HierarchicalTopology.from_preset(args.preset, hosts=args.hosts or 1,
+                                            devices_per_host=args.devices_per_host)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        topo = _topology(args)
+        tables, file_batch = load_tables(args.tables)
+        batch = args.batch_size if args.batch_size is not None else (file_batch or 512)
+        ensure_device_name(topo.compute_device)
+        planner = HierarchicalShardingPlanner(topology=topo, batch_size=batch,
+                                              constraints=table_constraints(tables),
+                                              objective=args.objective,
+                                              reserve_fraction=args.reserve)
+        plan = planner.plan(build_module(tables), default_sharders())
+    except (ValueError, OSError, HierarchicalPlannerError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    explanation = planner.explain(plan)
+    if args.plot:
+        explanation.plot(args.plot)
+    if args.json:
+        doc = explanation.to_dict()
+        doc["batch_size"] = batch
+        doc["objective"] = args.objective
+        print(json.dumps(doc, indent=2))
+    else:
+        print(f"per-rank batch {batch}, objective {args.objective}")
+        print(explanation.table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
