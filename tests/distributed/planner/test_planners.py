@@ -26,7 +26,7 @@ import torch
 pytest.importorskip("torchrec")
 
 import torchrec_ascend  # noqa: E402,F401
-from torchrec.distributed.planner import ParameterConstraints, Topology  # noqa: E402
+from torchrec.distributed.planner import Topology  # noqa: E402
 from torchrec.distributed.planner.types import PlannerError  # noqa: E402
 from torchrec.distributed.types import ShardingPlan  # noqa: E402
 
@@ -43,26 +43,11 @@ from test_validation import check_raw_collectives, count_raw_collectives  # noqa
 
 BATCH = 16
 STEPS = 2
-MEMORY = 250_000  # bytes per device: the big tables cannot be data parallel
+MEMORY = V.VALIDATION_MEMORY
 ATOL, RTOL = 1e-5, 1e-4
-# forced plans: together with ours every sharding type runs, pooled and sequence
-FORCED = {
-    "forced_a": {"user": "table_row_wise", "hot": "data_parallel", "big": "grid_shard",
-                 "item": "row_wise", "tag": "table_wise"},
-    "forced_b": {"user": "column_wise", "hot": "row_wise", "big": "table_wise",
-                 "item": "column_wise", "tag": "data_parallel"},
-}
-
-
-def _topology(device_type: str = "cpu", memory: int = MEMORY) -> HierarchicalTopology:
-    return HierarchicalTopology.from_preset("cpu", hosts=2, devices_per_host=2,
-                                            memory_bytes=memory, compute_device=device_type)
-
-
-def _constraints(forced: Optional[Dict[str, str]] = None) -> Dict[str, ParameterConstraints]:
-    return {t.name: ParameterConstraints(pooling_factors=list(t.pooling), min_partition=4,
-                                         sharding_types=[forced[t.name]] if forced else None)
-            for t in V.validation_tables()}
+FORCED = {k: v for k, v in V.VALIDATION_PLANS.items() if v is not None}
+_topology = V.validation_topology
+_constraints = V.validation_constraints
 
 
 def _planner(device_type: str = "cpu", forced=None, memory: int = MEMORY):

@@ -53,7 +53,9 @@ def test_choice_is_the_brute_force_best(objective, memory):
     got = prop._evaluate({t: next(p.order for p in prop._options[t]
                                   if p.option.sharding_type == chosen[t]) for t in tables})
     assert got is not None
-    assert prop._fastest == min(v[0] for v in values)  # the brute force saw the fastest
+    # the brute force saw the fastest and the leanest: the objective's reference points
+    assert prop._fastest == min(v[0] for v in values)
+    assert prop._fewest == min(v[1] for v in values)
     assert not any(prop._better(v, got) for v in values), (got, chosen)
 
 
@@ -61,8 +63,8 @@ def test_objectives_trade_time_for_inter_host_bytes():
     fast, _ = _plan(1 << 30, "time")
     lean, _ = _plan(1 << 30, "inter_host_bytes")
     a, b = fast.explain().cost, lean.explain().cost
-    assert b.inter_bytes <= a.inter_bytes
-    assert a.step_s <= b.step_s * (1 + 1e-9)
+    assert b.inter_bytes <= a.inter_bytes * 1.01
+    assert a.step_s <= b.step_s * 1.01
 
 
 def test_small_hot_tables_replicate_and_big_tables_spread():

@@ -67,9 +67,9 @@ class HierarchicalShardingPlanner(EmbeddingShardingPlanner):
             (ignored when ``storage_reservation`` is given).
         objective: "time" (least estimated step time, inter-host links priced at their
             bandwidth; within ``tolerance`` of it, fewest inter-host bytes) or
-            "inter_host_bytes" (fewest inter-host bytes, then time).
-        tolerance: relative step-time slack the "time" objective trades for fewer inter-host
-            bytes (default 0.01).
+            "inter_host_bytes" (fewest inter-host bytes; within ``tolerance`` of them, fastest).
+        tolerance: the relative slack of the objective's first criterion traded for the second
+            (default 0.01).
         max_evaluations, index_bytes, length_bytes, buffer_copies: proposer and cost model knobs
             (:class:`.proposers.HierarchicalProposer`, :class:`.estimators.CostModel`).
         storage_reservation, stats, debug, callbacks, timeout_seconds: as TorchRec's
@@ -86,7 +86,7 @@ class HierarchicalShardingPlanner(EmbeddingShardingPlanner):
         reserve_fraction: float = 0.15,
         objective: str = "time",
         tolerance: float = 0.01,
-        max_evaluations: int = 200,
+        max_evaluations: int = 400,
         index_bytes: int = 8,
         length_bytes: int = 8,
         buffer_copies: int = 2,
@@ -223,6 +223,14 @@ class HierarchicalShardingPlanner(EmbeddingShardingPlanner):
                 "for the job's real devices per host")
 
     # ------------------------------------------------------------------ reporting
+
+    def inter_host_bytes_bound(self) -> float:
+        """After :meth:`plan`: the fewest inter-host bytes per step any plan of the enumerated
+        options can have (:meth:`.proposers.HierarchicalProposer.inter_host_bytes_bound`)."""
+        proposer = self._proposers[0]
+        if not isinstance(proposer, HierarchicalProposer) or not proposer._tables:
+            raise ValueError("inter_host_bytes_bound: plan() has not run")
+        return proposer.inter_host_bytes_bound()
 
     def placed_tables(self, plan: Optional[ShardingPlan] = None) -> List[PlacedTable]:
         """The last plan's tables with their shards (or ``plan``'s, for tables this planner

@@ -10,13 +10,15 @@ inter-host bytes, or "does not fit".  Three starts are evaluated:
 * each table's best option alone for the objective (time, then inter-host bytes);
 * each table's fewest-inter-host-bytes option.
 
+A local search runs from every start that fits (the evaluation budget shared among them).
 If none fits, the greedy start shrinks: one table at a time moves to an option that needs less
 memory (the move that costs the least time — or inter-host bytes — alone per byte saved) until
-the assignment fits.  From the best start a local search tries, table by table (heaviest first), each other option
+the assignment fits.  The local search tries, table by table (heaviest first), each other option
 (best alone first) and keeps a move when the whole assignment gets better.  Better, for
 ``objective="time"``: among assignments within ``tolerance`` (default 1%) of the fastest one
-seen, fewer inter-host bytes, then faster; otherwise faster.  For ``"inter_host_bytes"``:
-fewer inter-host bytes, then faster.  It stops after a sweep without a move or
+seen, fewer inter-host bytes, then faster; otherwise faster.  For ``"inter_host_bytes"`` the
+other way round: within ``tolerance`` of the fewest inter-host bytes seen, faster; otherwise
+fewer inter-host bytes.  It stops after a sweep without a move or
 ``max_evaluations`` evaluations, and proposes its result (TorchRec's loop partitions and rates
 it); when nothing fits, the shrunk assignment (its failure is the one reported).
 Deterministic.
@@ -70,13 +72,13 @@ class _Priced:
 
 class HierarchicalProposer(Proposer):
     def __init__(self, cost_model: CostModel, objective: str = "time",
-                 max_evaluations: int = 200, tolerance: float = 0.01) -> None:
+                 max_evaluations: int = 400, tolerance: float = 0.01) -> None:
         if objective not in OBJECTIVES:
             raise ValueError(f"objective={objective!r}: must be one of {OBJECTIVES}")
         if not 0 <= tolerance < 1:
             raise ValueError(f"tolerance={tolerance}: must be in [0, 1)")
         self.tolerance = tolerance
-        self._fastest = float("inf")
+        self._fastest = self._fewest = float("inf")
         if max_evaluations < 1:
             raise ValueError(f"max_evaluations={max_evaluations}: must be >= 1")
         self.cost_model = cost_model
@@ -94,7 +96,7 @@ class HierarchicalProposer(Proposer):
              enumerator: Optional[Enumerator] = None) -> None:
         self._tables, self._options, self._queue = [], {}, []
         self.evaluations = 0
-        self._fastest = float("inf")
+        self._fastest = self._fewest = float("inf")
         by_table: Dict[str, List[ShardingOption]] = {}
         for so in search_space:
             by_table.setdefault(so.fqn, []).append(so)
@@ -108,14 +110,34 @@ class HierarchicalProposer(Proposer):
                   {t: min(self._options[t], key=self._inter_key).order for t in self._tables}]
         valued = [(self._evaluate(c), c) for c in starts]
         feasible = [(v, c) for v, c in valued if v is not None]
-        if feasible:
-            best = feasible[0]
-            for vc in feasible[1:]:
-                if self._better(vc[0], best[0]):
-                    best = vc
-            self._queue.append(self._local_search(*best))
+        if feasible:  # a local search from every start that fits; the best result wins
+            results = []
+            for i, (v, c) in enumerate(feasible):
+                budget = self.evaluations + (self.max_evaluations - self.evaluations) \
+                    // (len(feasible) - i)
+                results.append(self._local_search(v, c, budget))
+            best = results[0]
+            for r in results[1:]:
+                if self._better(r[0], best[0]):
+                    best = r
+            self._queue.append(best[1])
         else:  # the smallest layout: its failure is the one worth reporting
             self._queue.append(self._shrink(starts[0]))
+
+    def inter_host_bytes_bound(self) -> float:
+        """The fewest inter-host bytes per step any plan of the loaded options can have: each
+        table's least (placement does not change a table's inter-host bytes, by the topology's
+        symmetry), memory ignored, the collectives' splits exchange left out."""
+        cm = self.cost_model
+        inter = ~cm.topology.same_host()
+        total = 0.0
+        for fqn in self._tables:
+            total += min(
+                float(sum((m * inter).sum() for m in cm.traffic(canonical_placement(
+                    cm.tables[fqn], p.option.sharding_type, p.option.compute_kernel,
+                    [(s.size, s.offset) for s in p.option.shards], cm.topology)).values()))
+                for p in self._options[fqn])
+        return total
 
     def propose(self) -> Optional[List[ShardingOption]]:
         if not self._queue:
@@ -174,15 +196,19 @@ class HierarchicalProposer(Proposer):
         if not placer.try_options([self._options[t][choice[t]].option for t in self._tables]):
             return None
         self._fastest = min(self._fastest, placer.time())
+        self._fewest = min(self._fewest, placer.inter_bytes())
         return placer.time(), placer.inter_bytes()
 
     def _order(self, v: Value) -> tuple:
         """Sort key of an evaluated assignment.  "time": within ``tolerance`` of the fastest
         seen, fewer inter-host bytes first, then faster; the rest by time.  "inter_host_bytes":
-        inter-host bytes, then time."""
+        within ``tolerance`` of the fewest inter-host bytes seen, faster first; the rest by
+        inter-host bytes."""
         t, inter = v
         if self.objective == "inter_host_bytes":
-            return (inter, t)
+            if inter <= self._fewest * (1 + self.tolerance):
+                return (0.0, t, inter)
+            return (1.0, inter, t)
         if t <= self._fastest * (1 + self.tolerance):
             return (0.0, inter, t)
         return (1.0, t, inter)
@@ -238,23 +264,26 @@ class HierarchicalProposer(Proposer):
             placer = best[2]
         return choice
 
-    def _local_search(self, value: Value, choice: Choice) -> Choice:
+    def _local_search(self, value: Value, choice: Choice,
+                      budget: Optional[int] = None) -> Tuple[Value, Choice]:
+        """Moves from ``choice`` until a sweep keeps none or ``budget`` evaluations are spent."""
+        limit = min(self.max_evaluations, budget if budget is not None else self.max_evaluations)
         choice = dict(choice)
         moved = True
-        while moved and self.evaluations < self.max_evaluations:
+        while moved and self.evaluations < limit:
             moved = False
             for fqn in self._weight_order():
                 alts = sorted((p for p in self._options[fqn] if p.order != choice[fqn]),
                               key=self._key)
                 for p in alts:
-                    if self.evaluations >= self.max_evaluations:
-                        return choice
+                    if self.evaluations >= limit:
+                        return value, choice
                     trial = dict(choice, **{fqn: p.order})
                     v = self._evaluate(trial)
                     if v is not None and self._better(v, value):
                         choice, value, moved = trial, v, True
                         break
-        return choice
+        return value, choice
 
     def _shrink(self, choice: Choice) -> Choice:
         """Move tables to smaller options until ``choice`` fits (or no move is left)."""
@@ -276,5 +305,5 @@ class HierarchicalProposer(Proposer):
             choice[best[1]] = best[2]
             value = self._evaluate(choice)
             if value is not None:
-                return self._local_search(value, choice)
+                return self._local_search(value, choice)[1]
         return choice

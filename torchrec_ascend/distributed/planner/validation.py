@@ -35,6 +35,9 @@ from .tables import TableRow
 from .topology import HierarchicalTopology
 
 __all__ = [
+    "VALIDATION_PLANS",
+    "validation_topology",
+    "validation_constraints",
     "CommCounter",
     "measured_matrix",
     "compare",
@@ -205,6 +208,36 @@ def validation_tables() -> List[TableRow]:
         TableRow("item", 3000, DIM, (6.0,), ("f_item",), pooled=False),
         TableRow("tag", 8, DIM, (4.0,), ("f_tag",), pooled=False),
     ]
+
+
+# None: the planner's own plan; the forced ones run every sharding type, pooled and sequence
+VALIDATION_PLANS: Dict[str, Optional[Dict[str, str]]] = {
+    "ours": None,
+    "forced_a": {"user": "table_row_wise", "hot": "data_parallel", "big": "grid_shard",
+                 "item": "row_wise", "tag": "table_wise"},
+    "forced_b": {"user": "column_wise", "hot": "row_wise", "big": "table_wise",
+                 "item": "column_wise", "tag": "data_parallel"},
+}
+VALIDATION_MEMORY = 250_000  # bytes per device: "big" (4000 x 8 fp32) cannot be data parallel
+
+
+def validation_topology(compute_device: str = "cpu",
+                        memory_bytes: int = VALIDATION_MEMORY) -> HierarchicalTopology:
+    """2 hosts x 2 devices (the world-4 test layout, LOCAL_WORLD_SIZE=2), cpu preset links."""
+    return HierarchicalTopology.from_preset("cpu", hosts=2, devices_per_host=2,
+                                            memory_bytes=memory_bytes,
+                                            compute_device=compute_device)
+
+
+def validation_constraints(forced: Optional[Mapping[str, str]] = None
+                           ) -> Dict[str, "ParameterConstraints"]:
+    """Pooling factors of :func:`validation_tables` (column shards >= 4 wide), and one sharding
+    type per table when ``forced``."""
+    from torchrec.distributed.planner import ParameterConstraints
+
+    return {t.name: ParameterConstraints(pooling_factors=list(t.pooling), min_partition=4,
+                                         sharding_types=[forced[t.name]] if forced else None)
+            for t in validation_tables()}
 
 
 @dataclasses.dataclass

@@ -1,0 +1,60 @@
+"""The CLI (``python -m torchrec_ascend.distributed.planner``): text and JSON for a table file
+on a preset or a topology file, the picture, and clear errors (exit code 2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torchrec")
+
+from torchrec_ascend.distributed.planner.__main__ import main  # noqa: E402
+
+TABLES = """batch_size: 32
+tables:
+  - {name: item, rows: 3000000, dim: 64, pooling: 200, pooled: false}
+  - {name: user, rows: 27285, dim: 64}
+  - {name: degree, rows: 8, dim: 16}
+"""
+
+
+def test_json_on_a_preset(tmp_path, capsys):
+    path = tmp_path / "t.yaml"
+    path.write_text(TABLES)
+    png = tmp_path / "p.png"
+    assert main(["--tables", str(path), "--hosts", "2", "--devices-per-host", "4",
+                 "--preset", "h100", "--json", "--plot", str(png)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["batch_size"] == 32 and doc["topology"]["hosts"] == 2
+    assert doc["topology"]["devices_per_host"] == 4 and doc["topology"]["name"] == "h100"
+    assert len(doc["ranks"]) == 8
+    assert {t["table"] for t in doc["tables"]} == {"ebc.user", "ebc.degree", "ec.item"}
+    assert doc["totals"]["fits"] is True
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_text_on_a_topology_file_in_a_fresh_process(tmp_path):
+    """As a user runs it: npu placements on a machine without an NPU."""
+    (tmp_path / "t.yaml").write_text(TABLES)
+    (tmp_path / "topo.json").write_text('{"preset": "ascend-a2", "hosts": 4}')
+    out = subprocess.run(
+        [sys.executable, "-m", "torchrec_ascend.distributed.planner", "--tables",
+         str(tmp_path / "t.yaml"), "--topology", str(tmp_path / "topo.json"), "--hosts", "2",
+         "--batch-size", "64"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "2 host(s) x 8 npu" in out.stdout and "per-rank batch 64" in out.stdout
+    assert "ec.item" in out.stdout and "inter-host" in out.stdout
+
+
+@pytest.mark.parametrize("content,match", [
+    ("tables: []\n", "non-empty"),
+    ("batch_size: 8\ntables:\n  - {name: a, rows: 10_000_000_000, dim: 512}\n", "needs"),
+])
+def test_errors_exit_2(tmp_path, capsys, content, match):
+    path = tmp_path / "t.yaml"
+    path.write_text(content)
+    assert main(["--tables", str(path), "--hosts", "1", "--devices-per-host", "2"]) == 2
+    assert match in capsys.readouterr().err
