@@ -135,12 +135,12 @@ def _validation_worker(rank: int, world: int, names: List[str]) -> dict:
     model = V.ValidationModel(torch.device("meta"))
     for name in names:
         planner = HierarchicalShardingPlanner(
-            topology=V.validation_topology(), batch_size=16,
+            topology=V.validation_topology(), batch_size=V.VALIDATION_BATCH,
             constraints=V.validation_constraints(V.VALIDATION_PLANS[name]))
         plan = planner.collective_plan(model, T.default_sharders())
         types = {t: ps.sharding_type for mp in plan.plan.values() for t, ps in mp.items()}
         with W.fbgemm_cpu_kernels(types):  # fbgemm-cpu 1.8 cannot run data-parallel sequences
-            res = V.train_planned(plan, torch.device("cpu"), 2, 16)
+            res = V.train_planned(plan, torch.device("cpu"), 2, V.VALIDATION_BATCH)
         out[name] = {"comm": res["comm"], "estimate": planner.explain(plan).cost,
                      "types": types}
         torch.distributed.barrier()

@@ -41,7 +41,7 @@ from torchrec_ascend.testing.multiprocess import rank_device, run_multiprocess  
 
 from test_validation import check_raw_collectives, count_raw_collectives  # noqa: E402
 
-BATCH = 16
+BATCH = V.VALIDATION_BATCH
 STEPS = 2
 MEMORY = V.VALIDATION_MEMORY
 ATOL, RTOL = 1e-5, 1e-4
@@ -69,8 +69,8 @@ def test_plan_covers_every_table_and_respects_memory():
     assert set(_types(plan)) == {t.name for t in V.validation_tables()}
     ex = planner.explain()
     assert ex.cost.peak_memory <= MEMORY * 0.85  # the default 15% reservation
-    # 250 kB per device: "big" (4000 x 8 fp32 = 128 kB, twice with its dense gradient) cannot
-    # be data parallel
+    # 600 kB per device: "big" (4000 x 8 fp32 = 128 kB, twice with its dense gradient, and the
+    # buffers of 64-sample batches) cannot be data parallel
     assert _types(plan)["big"] != "data_parallel"
 
 

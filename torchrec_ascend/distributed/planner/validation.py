@@ -36,6 +36,8 @@ from .topology import HierarchicalTopology
 
 __all__ = [
     "VALIDATION_PLANS",
+    "VALIDATION_BATCH",
+    "VALIDATION_MEMORY",
     "validation_topology",
     "validation_constraints",
     "CommCounter",
@@ -218,7 +220,8 @@ VALIDATION_PLANS: Dict[str, Optional[Dict[str, str]]] = {
     "forced_b": {"user": "column_wise", "hot": "row_wise", "big": "table_wise",
                  "item": "column_wise", "tag": "data_parallel"},
 }
-VALIDATION_MEMORY = 250_000  # bytes per device: "big" (4000 x 8 fp32) cannot be data parallel
+VALIDATION_BATCH = 64  # per rank: enough ids per rank pair for the mean to be the estimate's
+VALIDATION_MEMORY = 600_000  # bytes per device: "big" (4000 x 8 fp32) cannot be data parallel
 
 
 def validation_topology(compute_device: str = "cpu",
