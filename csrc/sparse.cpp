@@ -241,56 +241,88 @@ void inclusive_scan(const index_t* __restrict__ s, index_t* __restrict__ d, int6
   for (; i < n; ++i) d[i] = static_cast<index_t>(acc += static_cast<u>(s[i]));
 }
 
-// [0, cumsum] along the last dim of a 1-D or 2-D int tensor (fbgemm takes both; TorchRec's
-// KJT paths pass 2-D [T, B] lengths too).
+// d[i] = s[0] + ... + s[i] in the input's own type, one entry after the other (floating types:
+// the order of fbgemm's CPU loop, so the sums are the same bits).
+template <typename scalar_t>
+void sequential_scan(const scalar_t* __restrict__ s, scalar_t* __restrict__ d, int64_t n) {
+  scalar_t acc = 0;
+  for (int64_t i = 0; i < n; ++i) d[i] = acc = static_cast<scalar_t>(acc + s[i]);
+}
+
+// inclusive scan of n entries: the eight-wide integer scan, the sequential one otherwise
+template <typename scalar_t>
+void scan(const scalar_t* s, scalar_t* d, int64_t n) {
+  if constexpr (std::is_integral_v<scalar_t>) {
+    inclusive_scan(s, d, n);
+  } else {
+    sequential_scan(s, d, n);
+  }
+}
+
+// the dtypes fbgemm's cumsums take: int32 / int64 at full speed, and the floating types
+template <typename F>
+void dispatch_cumsum(const at::Tensor& t, F&& f) {
+  if (t.scalar_type() == at::kInt) {
+    f(int32_t{});
+  } else if (t.scalar_type() == at::kLong) {
+    f(int64_t{});
+  } else {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.scalar_type(), "cumsum",
+                                    [&] { f(scalar_t{}); });
+  }
+}
+
+// [0, cumsum] along the last dim of a 1-D or 2-D tensor (fbgemm takes both; TorchRec's KJT
+// paths pass 2-D [T, B] lengths too).
 at::Tensor asynchronous_complete_cumsum_rows(const at::Tensor& t_in) {
-  TORCH_CHECK_VALUE(t_in.dim() == 1 || t_in.dim() == 2, "t_in: expected 1-D or 2-D");
+  TORCH_CHECK(t_in.dim() == 1 || t_in.dim() == 2,
+              "asynchronous_complete_cumsum: t_in must be 1-D or 2-D, got ", t_in.dim(), "-D");
   auto x = t_in.expect_contiguous();
   const int64_t rows = x->dim() == 2 ? x->size(0) : 1;
   const int64_t n = x->size(-1);
   auto out = x->dim() == 2 ? new_cpu({rows, n + 1}, *x)
                            : new_cpu({n + 1}, *x);
-  dispatch_index(*x, "t_in", [&](auto z) {
-    using index_t = decltype(z);
-    const index_t* s = x->data_ptr<index_t>();
-    index_t* d = out.data_ptr<index_t>();
+  dispatch_cumsum(*x, [&](auto z) {
+    using scalar_t = decltype(z);
+    const scalar_t* s = x->data_ptr<scalar_t>();
+    scalar_t* d = out.data_ptr<scalar_t>();
     for (int64_t r = 0; r < rows; ++r) {
-      index_t* dst = d + r * (n + 1);
+      scalar_t* dst = d + r * (n + 1);
       dst[0] = 0;
-      inclusive_scan(s + r * n, dst + 1, n);
+      scan(s + r * n, dst + 1, n);
     }
   });
   return out;
 }
 
-// Running sum of a 1-D int tensor; `Inclusive` chooses whether element i counts itself.
+// Running sum over all entries of a tensor (any shape, as fbgemm: row-major order), same
+// shape; `Inclusive` chooses whether entry i counts itself.
 template <bool Inclusive>
-static at::Tensor running_sum_1d(const at::Tensor& t_in) {
-  TORCH_CHECK_VALUE(t_in.dim() == 1, "t_in: expected 1-D");
+static at::Tensor running_sum(const at::Tensor& t_in) {
   auto x = t_in.expect_contiguous();
   const int64_t n = x->numel();
-  auto out = new_cpu({n}, *x);
+  auto out = new_cpu(x->sizes(), *x);
   if (n == 0) return out;
-  dispatch_index(*x, "t_in", [&](auto z) {
-    using index_t = decltype(z);
-    const index_t* s = x->data_ptr<index_t>();
-    index_t* d = out.data_ptr<index_t>();
+  dispatch_cumsum(*x, [&](auto z) {
+    using scalar_t = decltype(z);
+    const scalar_t* s = x->data_ptr<scalar_t>();
+    scalar_t* d = out.data_ptr<scalar_t>();
     if constexpr (Inclusive) {
-      inclusive_scan(s, d, n);
+      scan(s, d, n);
     } else {  // exclusive: 0, then the inclusive sums of all but the last entry
       d[0] = 0;
-      inclusive_scan(s, d + 1, n - 1);
+      scan(s, d + 1, n - 1);
     }
   });
   return out;
 }
 
 at::Tensor asynchronous_exclusive_cumsum(const at::Tensor& t_in) {
-  return running_sum_1d<false>(t_in);
+  return running_sum<false>(t_in);
 }
 
 at::Tensor asynchronous_inclusive_cumsum(const at::Tensor& t_in) {
-  return running_sum_1d<true>(t_in);
+  return running_sum<true>(t_in);
 }
 
 // ------------------------------------------------------------------------------ permutes
@@ -337,7 +369,7 @@ PermuteOut permute_2D_sparse_data(const at::Tensor& permute, const at::Tensor& l
 PermuteOut permute_1D_sparse_data(const at::Tensor& permute, const at::Tensor& lengths,
                                   const at::Tensor& values, const c10::optional<at::Tensor>& weights,
                                   c10::optional<int64_t> permuted_lengths_sum) {
-  TORCH_CHECK_VALUE(lengths.dim() == 1, "lengths: expected 1-D");
+  // lengths of any shape are read as one flat list of segments (fbgemm's rule)
   const auto lens = as_i64(lengths, "lengths");
   const auto off = offsets_of(lens, "lengths");
   const auto perm = as_i64(permute, "permute");
@@ -789,7 +821,12 @@ block_bucketize_sparse_features(const at::Tensor& lengths, const at::Tensor& ind
     bk.gnb = as_i64(*total_num_blocks, "total_num_blocks");
     TORCH_CHECK_VALUE(static_cast<int64_t>(bk.gnb.size()) == t_count,
                       "total_num_blocks: needs one entry per feature");
-    for (auto g : bk.gnb) TORCH_CHECK_VALUE(g > 0, "total_num_blocks: entries must be > 0");
+    for (int64_t t = 0; t < t_count; ++t) {
+      TORCH_CHECK_VALUE(bk.gnb[t] > 0, "total_num_blocks: entries must be > 0");
+      // fbgemm's rule (RuntimeError): every feature's blocks split evenly over the buckets
+      TORCH_CHECK(bk.gnb[t] % my_size == 0, "block_bucketize_sparse_features: total_num_blocks[",
+                  t, "] = ", bk.gnb[t], " must be a multiple of my_size (", my_size, ")");
+    }
   } else {
     bk.gnb.assign(t_count, my_size);
   }
@@ -979,7 +1016,6 @@ void bind_sparse(pybind11::module& m) {
   t.push_back(direct::entry<&permute_pooled_embs, 3>("permute_pooled_embs_split"));
   t.push_back(direct::entry<&bounds_check_indices>("bounds_check_indices"));
   t.push_back(direct::entry<&block_bucketize_sparse_features>("block_bucketize_sparse_features"));
-  direct::bind(m);
 }
 
 }  // namespace torchrec_ascend

@@ -51,6 +51,13 @@ def _fbgemm_cell(name: str) -> str:
     return "cpu, cuda" if cpu else "cuda"
 
 
+def _partial(s, backend: str, devices: str) -> str:
+    """A backend cell: its devices, and the cases it covers where it declares a Limit (the other
+    calls go to the next backend)."""
+    lim = s.limits.get(backend)
+    return devices if lim is None else f"{devices} ({lim.covers})"
+
+
 def coverage_markdown() -> str:
     """The op x backend coverage table (devices per backend), from the registered specs."""
     reg = _registry()
@@ -59,8 +66,9 @@ def coverage_markdown() -> str:
     for s in reg.all_specs():
         lines.append("| `{}` | {} | {} | {} | {} | {} |".format(
             s.name, _fbgemm_cell(s.name), "npu" if s.fbgemm_ascend else "-",
-            "cuda, npu" if s.triton is not None else "-",
-            "cpu" if s.cpu_kernel is not None else "-", "cpu, cuda, npu"))
+            _partial(s, "triton", "cuda, npu") if s.triton is not None else "-",
+            _partial(s, "cpu_kernel", "cpu") if s.cpu_kernel is not None else "-",
+            "cpu, cuda, npu"))
     return "\n".join(lines)
 
 
@@ -96,11 +104,13 @@ def benchmark_markdown(path: str = RESULTS) -> Optional[str]:
         return f"{v:.{nd}f}" if nd is not None else f"{v:.4g}"
 
     lines = [head, "",
-             "| op | ours ms | fbgemm ms | ratio | target | met | backend | shapes |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| op | ours ms | baseline | baseline ms | ratio | target | met | backend | shapes |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         met = {True: "yes", False: "**no**", None: "-"}[r["meets_target"]]
-        lines.append(f"| `{r['op']}` | {fmt(r['ours_ms'])} | {fmt(r['fbgemm_ms'])} | "
+        base = r.get("baseline", "fbgemm")
+        base_ms = r.get("baseline_ms", r.get("fbgemm_ms"))
+        lines.append(f"| `{r['op']}` | {fmt(r['ours_ms'])} | {base} | {fmt(base_ms)} | "
                      f"{fmt(r['ratio'], 2)} | {fmt(r['target'], 1)} | {met} | {r['backend']} | "
                      f"{r['shapes']} |")
     return "\n".join(lines)

@@ -3,8 +3,9 @@
 Each area module (``sparse``, ``embedding``, ``jagged``) exposes ``cases(quick) -> list[Case]``.
 A :class:`Case` holds the op name, a shape description and two zero-argument callables:
 ``ours`` calls ``torch.ops.torchrec_ascend.<op>`` (the registry picks the backend; run it inside
-:func:`ours_context`, which takes fbgemm out of the choice) and ``fbgemm`` calls
-``torch.ops.fbgemm.<op>`` on the same inputs (``None`` where fbgemm-gpu-cpu has no CPU kernel).
+:func:`ours_context`, which takes fbgemm out of the choice) and ``baseline`` the same inputs on
+``torch.ops.fbgemm.<op>`` where fbgemm-gpu-cpu has a CPU kernel for it, else on our torch-composite
+reference implementation called directly (``baseline_name`` says which).
 """
 
 from __future__ import annotations
@@ -33,8 +34,14 @@ class Case:
     op: str
     shapes: str
     ours: Callable[[], object]
-    fbgemm: Optional[Callable[[], object]]
+    baseline: Callable[[], object]
+    baseline_name: str  # "fbgemm" or "reference"
     training_path: bool = False
+
+    @property
+    def fbgemm(self) -> Optional[Callable[[], object]]:
+        """The fbgemm side, or None where fbgemm-gpu-cpu has no CPU kernel for the op."""
+        return self.baseline if self.baseline_name == "fbgemm" else None
 
 
 def fbgemm_cpu_kernel(op: str) -> bool:
@@ -48,14 +55,20 @@ def fbgemm_cpu_kernel(op: str) -> bool:
 
 def case(op: str, shapes: str, args: Sequence[object], fb_args: Optional[Sequence[object]] = None,
          training_path: bool = False, fb_op: Optional[str] = None) -> Case:
-    """A case calling ``op`` with ``args`` on both sides (``fb_args``: fbgemm's own copy of
+    """A case calling ``op`` with ``args`` on both sides (``fb_args``: the baseline's own copy of
     mutable inputs; ``fb_op``: fbgemm's name where it differs)."""
+    from torchrec_ascend.ops.registry import dispatch
+
     ours_fn = getattr(torch.ops.torchrec_ascend, op)
     fb_name = fb_op or op
-    fb_fn = getattr(torch.ops.fbgemm, fb_name) if fbgemm_cpu_kernel(fb_name) else None
     a = tuple(args)
     b = tuple(fb_args) if fb_args is not None else a
-    return Case(op, shapes, lambda: ours_fn(*a), (lambda: fb_fn(*b)) if fb_fn else None,
+    if fbgemm_cpu_kernel(fb_name):
+        fb_fn = getattr(torch.ops.fbgemm, fb_name)
+        return Case(op, shapes, lambda: ours_fn(*a), lambda: fb_fn(*b), "fbgemm", training_path)
+    ref_fn = registry.spec(op).reference
+    full = dispatch.full_args(op, b, {})
+    return Case(op, shapes, lambda: ours_fn(*a), lambda: ref_fn(*full), "reference",
                 training_path)
 
 

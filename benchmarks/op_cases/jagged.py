@@ -1,7 +1,8 @@
 """Benchmark cases for the jagged op family (ops/jagged.py), ours vs fbgemm's CPU kernel.
 
 B=256 sequences, heavy-tailed lengths up to 512 (mean about 128), D=256 fp32 (``quick``: B=64).
-Forward ops only; the backward ops TorchRec/HSTU call directly (``*_backward``) are timed too.
+Forward ops only; the backward ops TorchRec/HSTU call directly (``*_backward``) are timed too,
+and the conversions / elementwise ops again with J=2 and J=3 jagged dimensions.
 """
 
 from __future__ import annotations
@@ -59,4 +60,34 @@ def cases(quick: bool) -> List[Case]:
     add("jagged_index_select", tag + f" select {B // 2}", x, lengths, sel)
     start = (torch.rand(B, generator=g) * lengths).to(torch.int64)
     add("jagged_slice", tag + " slice 64", x, lengths, start, 64)
+    out += multi_dim_cases(quick, g)
+    return out
+
+
+def multi_dim_cases(quick: bool, g: torch.Generator) -> List[Case]:
+    """The conversions and elementwise ops with J=2 and J=3 jagged dimensions (fbgemm's CPU
+    kernels take any number): B sequences of up to 16 sub-sequences of up to 32 items (J=2), or
+    of up to 8 x 8 x 16 (J=3), D=64."""
+    out: List[Case] = []
+    B, D = (32 if quick else 128), 64
+    for dims in ([16, 32], [8, 8, 16]):
+        offsets, entries = [], B
+        for n in dims:
+            lengths = heavy_tailed_lengths(entries, n, generator=g)
+            offsets.append(offsets_of(lengths))
+            entries = int(offsets[-1][-1])
+        T = entries
+        x = torch.randn(T, D, generator=g)
+        dense = torch.randn(B, *dims, D, generator=g)
+        dense2 = torch.randn(B, *dims, D, generator=g)
+        tag = f"J={len(dims)} B={B} N={'x'.join(map(str, dims))} T={T} D={D}"
+        for op, args in (
+                ("jagged_to_padded_dense_forward", (x, offsets, dims, 0.0)),
+                ("jagged_to_padded_dense_backward", (dense, offsets, T)),
+                ("dense_to_jagged_forward", (dense, offsets, T)),
+                ("jagged_dense_elementwise_add", (x, offsets, dense)),
+                ("jagged_dense_elementwise_add_jagged_output", (x, offsets, dense)),
+                ("jagged_dense_elementwise_mul", (x, offsets, dense)),
+                ("jagged_dense_dense_elementwise_add_jagged_output", (x, offsets, dense, dense2))):
+            out.append(case(op, tag, args))
     return out

@@ -221,7 +221,7 @@ def test_registry_picks_triton_on_cuda_and_npu(monkeypatch):
     # as on a machine with a GPU / with triton-ascend: triton usable there, not on plain cpu
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv(registry.ENV_BACKEND, raising=False)
-    monkeypatch.setattr(registry, "triton_usable", lambda dev: dev in ("cuda", "npu"))
+    monkeypatch.setattr(registry.environment, "triton_usable", lambda dev: dev in ("cuda", "npu"))
     rows = {(op, dev): (backend, why) for op, dev, backend, why in registry.describe_rows()
             if op in ("hstu_mha", "hstu_mha_backward")}
     for op in ("hstu_mha", "hstu_mha_backward"):

@@ -8,6 +8,7 @@ TorchRec's own, with the gates open.
 
 from __future__ import annotations
 
+from . import fbgemm_tbe_npu  # noqa: F401  (npu kernels of fbgemm's TBE plumbing)
 from .gates import GATES, gate_status, open_gates
 
 open_gates()

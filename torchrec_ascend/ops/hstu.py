@@ -26,71 +26,15 @@ from typing import Optional
 
 import torch
 
-from . import _checks
-from ._util import triton_impl
-from .reference import hstu as ref
-from .registry import OpSpec, register
+from . import validation
+from .specs import hstu as _specs
 
 __all__ = ["hstu_mha", "NORMALIZATIONS"]
 
 _ops = torch.ops.torchrec_ascend
 NORMALIZATIONS = ("max_len", "seq_len")
 
-_ARGS = ("Tensor q, Tensor k, Tensor v, Tensor offsets, float alpha, int max_seq_len, "
-         "bool norm_by_seq_len, Tensor? num_targets, int contextual_seq_len, Tensor? pos_w, "
-         "Tensor? ts_w, Tensor? timestamps")
-
-
-# --------------------------------------------------------------------------- specs
-
-
-def _fwd_fake(q, k, v, offsets, alpha, max_seq_len, norm_by_seq_len, num_targets,
-              contextual_seq_len, pos_w, ts_w, timestamps):
-    return q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
-
-
-def _bwd_fake(grad_out, q, k, v, offsets, alpha, max_seq_len, norm_by_seq_len, num_targets,
-              contextual_seq_len, pos_w, ts_w, timestamps):
-    dpos = torch.empty_like(pos_w) if pos_w is not None else q.new_empty((0,))
-    dts = torch.empty_like(ts_w) if ts_w is not None else q.new_empty((0,))
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dpos, dts
-
-
-def _setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], inputs[1], inputs[2])
-    ctx.rest = inputs[3:]
-
-
-def _backward(ctx, grad):
-    q, k, v = ctx.saved_tensors
-    rest = ctx.rest
-    dq, dk, dv, dpos, dts = _ops.hstu_mha_backward(grad.contiguous(), q, k, v, *rest)
-    pos_w, ts_w = rest[6], rest[7]
-    return (dq, dk, dv, None, None, None, None, None, None,
-            dpos if pos_w is not None else None, dts if ts_w is not None else None, None)
-
-
-register(OpSpec(
-    name="hstu_mha",
-    schema=f"({_ARGS}) -> Tensor",
-    reference=ref.hstu_mha,
-    triton=triton_impl("hstu", "hstu_mha_fwd"),
-    cpu_kernel="hstu_mha_fwd",
-    fake=_fwd_fake,
-    backward=_backward,
-    setup_context=_setup,
-    fbgemm=False,
-))
-
-register(OpSpec(
-    name="hstu_mha_backward",
-    schema=f"(Tensor grad_out, {_ARGS}) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
-    reference=ref.hstu_mha_backward,
-    triton=triton_impl("hstu", "hstu_mha_bwd"),
-    cpu_kernel="hstu_mha_bwd",
-    fake=_bwd_fake,
-    fbgemm=False,
-))
+_specs.register_all()
 
 
 # --------------------------------------------------------------------------- public API
@@ -139,15 +83,15 @@ def hstu_mha(
     Returns:
         ``[T, H, dv]``.
     """
-    _checks.check_tensor("q", q, dim=3, dtypes=_checks.FLOAT_DTYPES)
-    _checks.check_tensor("k", k, dim=3, dtypes=(q.dtype,))
-    _checks.check_tensor("v", v, dim=3, dtypes=(q.dtype,))
+    validation.check_tensor("q", q, dim=3, dtypes=validation.FLOAT_DTYPES)
+    validation.check_tensor("k", k, dim=3, dtypes=(q.dtype,))
+    validation.check_tensor("v", v, dim=3, dtypes=(q.dtype,))
     if k.shape != q.shape:
         raise ValueError(f"k: shape {tuple(k.shape)} must equal q's {tuple(q.shape)}")
     if v.shape[:2] != q.shape[:2]:
         raise ValueError(f"v: shape {tuple(v.shape)} must be [T, H, dv] with T, H of q {tuple(q.shape)}")
     T = q.shape[0]
-    _checks.check_offsets("offsets", offsets, T, validate)
+    validation.check_offsets("offsets", offsets, T, validate)
     B = offsets.numel() - 1
     if int(max_seq_len) < 1:
         raise ValueError(f"max_seq_len: must be >= 1, got {max_seq_len}")
@@ -164,28 +108,28 @@ def hstu_mha(
             raise ValueError(
                 f"offsets: a sequence has length {int(lengths.max())} > max_seq_len={max_seq_len}")
     if num_targets is not None:
-        _checks.check_tensor("num_targets", num_targets, dim=1, dtypes=_checks.INDEX_DTYPES)
+        validation.check_tensor("num_targets", num_targets, dim=1, dtypes=validation.INDEX_DTYPES)
         if num_targets.numel() != B:
             raise ValueError(f"num_targets: expected {B} entries (one per sequence), got {num_targets.numel()}")
         if validate and B > 0 and bool(((num_targets < 0) | (num_targets > lengths)).any()):
             raise ValueError("num_targets: each entry must be in [0, length of its sequence]")
         num_targets = num_targets.to(offsets.dtype).contiguous()
     if pos_w is not None:
-        _checks.check_tensor("pos_w", pos_w, dim=1, dtypes=(q.dtype,))
+        validation.check_tensor("pos_w", pos_w, dim=1, dtypes=(q.dtype,))
         if pos_w.numel() != 2 * max_seq_len - 1:
             raise ValueError(f"pos_w: expected {2 * max_seq_len - 1} entries (2 * max_seq_len - 1), "
                              f"got {pos_w.numel()}")
     if (ts_w is None) != (timestamps is None):
         raise ValueError("ts_w / timestamps: give both (time-bucket bias) or neither")
     if ts_w is not None:
-        _checks.check_tensor("ts_w", ts_w, dim=1, dtypes=(q.dtype,))
+        validation.check_tensor("ts_w", ts_w, dim=1, dtypes=(q.dtype,))
         if ts_w.numel() < 1:
             raise ValueError("ts_w: needs at least one bucket")
-        _checks.check_tensor("timestamps", timestamps, dim=1, dtypes=_checks.INDEX_DTYPES)
+        validation.check_tensor("timestamps", timestamps, dim=1, dtypes=validation.INDEX_DTYPES)
         if timestamps.numel() != T:
             raise ValueError(f"timestamps: expected {T} entries (one per row of q), got {timestamps.numel()}")
         timestamps = timestamps.to(torch.int64).contiguous()
-    _checks.check_same_device(q=q, k=k, v=v, offsets=offsets, num_targets=num_targets,
+    validation.check_same_device(q=q, k=k, v=v, offsets=offsets, num_targets=num_targets,
                               pos_w=pos_w, ts_w=ts_w, timestamps=timestamps)
     return _ops.hstu_mha(
         q.contiguous(), k.contiguous(), v.contiguous(), offsets.contiguous(), float(alpha),

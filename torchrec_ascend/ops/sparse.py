@@ -4,7 +4,8 @@ A keyed sparse batch (TorchRec's KeyedJaggedTensor) is ``lengths [T * B]`` (or `
 ``values``/``indices`` (and optional per-value ``weights``): feature ``t``, sample ``b`` owns
 ``lengths[t * B + b]`` consecutive values.  Each public function validates its arguments (values
 are read only with ``validate=True``, the default: that costs a device sync on npu/cuda) and then
-dispatches ``torch.ops.torchrec_ascend.<op>`` through the registry; the op schemas are fbgemm's.
+dispatches ``torch.ops.torchrec_ascend.<op>`` through the registry; the op schemas are fbgemm's,
+registered by :mod:`.specs.sparse`.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from . import _checks
+from . import validation
 from .reference import sparse as ref
-from .registry import OpSpec, register
+from .specs import sparse as _specs
 
 __all__ = [
     "asynchronous_complete_cumsum",
@@ -36,344 +37,46 @@ __all__ = [
     "permute_pooled_embs_auto_grad_split",
 ]
 
+_specs.register_all()
 _ops = torch.ops.torchrec_ascend
 
 
-def _cumsum_fake(t_in):
-    return t_in.new_empty(t_in.shape)
+_CUMSUM_DTYPES = validation.INDEX_DTYPES + validation.FLOAT_DTYPES
 
 
-def _complete_cumsum_fake(t_in):
-    return t_in.new_empty(tuple(t_in.shape[:-1]) + (t_in.shape[-1] + 1,))
-
-
-register(OpSpec(
-    name="asynchronous_complete_cumsum",
-    schema="(Tensor t_in) -> Tensor",
-    reference=ref.asynchronous_complete_cumsum,
-    cpu_kernel="asynchronous_complete_cumsum_rows",  # 1-D and 2-D (csrc/sparse.cpp)
-    fake=_complete_cumsum_fake,
-    fbgemm=True,
-    fbgemm_ascend=True,
-))
-register(OpSpec(
-    name="asynchronous_exclusive_cumsum",
-    schema="(Tensor t_in) -> Tensor",
-    reference=ref.asynchronous_exclusive_cumsum,
-    cpu_kernel="asynchronous_exclusive_cumsum",
-    fake=_cumsum_fake,
-    fbgemm=True,
-    fbgemm_ascend=True,
-))
-register(OpSpec(
-    name="asynchronous_inclusive_cumsum",
-    schema="(Tensor t_in) -> Tensor",
-    reference=ref.asynchronous_inclusive_cumsum,
-    cpu_kernel="asynchronous_inclusive_cumsum",
-    fake=_cumsum_fake,
-    fbgemm=True,
-    fbgemm_ascend=True,
-))
-
-
-def _check_counts(t_in: torch.Tensor, max_dim: int) -> None:
-    _checks.check_tensor("t_in", t_in, dtypes=_checks.INDEX_DTYPES)
-    if not 1 <= t_in.dim() <= max_dim:
+def _check_counts(t_in: torch.Tensor, max_dim: Optional[int]) -> None:
+    validation.check_tensor("t_in", t_in, dtypes=_CUMSUM_DTYPES)
+    if max_dim is not None and not 1 <= t_in.dim() <= max_dim:
         raise ValueError(f"t_in: expected 1..{max_dim} dims, got shape {tuple(t_in.shape)}")
 
 
 def asynchronous_complete_cumsum(t_in: torch.Tensor) -> torch.Tensor:
-    """``[0, cumsum(t_in)]`` along the last dim: lengths -> offsets (1-D or 2-D int input)."""
+    """``[0, cumsum(t_in)]`` along the last dim: lengths -> offsets (1-D or 2-D; int32/int64 or
+    floating, in the input dtype, as fbgemm)."""
     _check_counts(t_in, 2)
     return _ops.asynchronous_complete_cumsum(t_in)
 
 
 def asynchronous_exclusive_cumsum(t_in: torch.Tensor) -> torch.Tensor:
-    """Exclusive prefix sum of a 1-D int tensor (``cumsum - t_in``)."""
-    _check_counts(t_in, 1)
+    """Exclusive prefix sum over all entries (row-major, any shape), in the input dtype."""
+    _check_counts(t_in, None)
     return _ops.asynchronous_exclusive_cumsum(t_in)
 
 
 def asynchronous_inclusive_cumsum(t_in: torch.Tensor) -> torch.Tensor:
-    """Inclusive prefix sum of a 1-D int tensor, in its dtype."""
-    _check_counts(t_in, 1)
+    """Inclusive prefix sum over all entries (row-major, any shape), in the input dtype."""
+    _check_counts(t_in, None)
     return _ops.asynchronous_inclusive_cumsum(t_in)
-
-
-# =========================================================================== training-path ops
-# --------------------------------------------------------------------------- fake kernels
-
-
-def _dyn(size: Optional[int]):
-    return torch.library.get_ctx().new_dynamic_size() if size is None else size
-
-
-def _permute_2d_fake(permute, lengths, values, weights=None, permuted_lengths_sum=None):
-    n = _dyn(permuted_lengths_sum)
-    out_w = None if weights is None else weights.new_empty((n,) + tuple(weights.shape[1:]))
-    return (lengths.new_empty((permute.shape[0],) + tuple(lengths.shape[1:])),
-            values.new_empty((n,) + tuple(values.shape[1:])), out_w)
-
-
-def _permute_1d_fake(permute, lengths, values, weights=None, permuted_lengths_sum=None):
-    n = _dyn(permuted_lengths_sum)
-    out_w = None if weights is None else weights.new_empty((n,) + tuple(weights.shape[1:]))
-    return lengths.new_empty(permute.shape), values.new_empty((n,) + tuple(values.shape[1:])), out_w
-
-
-def _bbsf_fake(lengths, indices, bucketize_pos, sequence, block_sizes, my_size, weights=None,
-               batch_size_per_feature=None, max_B=-1, block_bucketize_pos=None,
-               keep_orig_idx=False, total_num_blocks=None, keep_orig_idx_per_feature=None):
-    return (lengths.new_empty((lengths.shape[0] * my_size,)),
-            indices.new_empty(indices.shape),
-            None if weights is None else weights.new_empty(weights.shape),
-            indices.new_empty(indices.shape) if bucketize_pos else None,
-            indices.new_empty(indices.shape) if sequence else None)
-
-
-def _invert_permute_fake(permute):
-    return permute.new_empty(permute.shape)
-
-
-def _expand_fake(permute, input_offset, output_offset, output_size):
-    return input_offset.new_empty((output_size,))
-
-
-def _bounds_check_fake(rows_per_table, indices, offsets, bounds_check_mode, warning, weights=None,
-                       B_offsets=None, max_B=-1, b_t_map=None, info_B_num_bits=-1,
-                       info_B_mask=-1, bounds_check_version=1, prefetch_pipeline=False):
-    return None
-
-
-def _segment_sum_fake(batch_size, csr_seg, values):
-    return values.new_empty((csr_seg.shape[0] - 1,))
-
-
-def _kjt_select_fake(values, lengths, offsets, indices, batch_size, weights=None,
-                     selected_lengths_sum=None):
-    n = _dyn(selected_lengths_sum)
-    out = [values.new_empty((n,) + tuple(values.shape[1:])),
-           lengths.new_empty((lengths.shape[0] // batch_size * indices.shape[0],))]
-    if weights is not None:
-        out.append(weights.new_empty((n,) + tuple(weights.shape[1:])))
-    return out
-
-
-def _offsets_range_fake(offsets, range_size):
-    return offsets.new_empty((range_size,))
-
-
-def _pooled_fake(pooled_embs, offset_dim_list, permute_list, inv_offset_dim_list, inv_permute_list):
-    return pooled_embs.new_empty(pooled_embs.shape)
-
-
-# --------------------------------------------------------------------------- autograd formulas
-# Gradients flow to the float inputs (values / weights / pooled embeddings); the integer
-# structure (lengths, offsets, permutes) gets None.
-
-
-def _scatter_back(grad: Optional[torch.Tensor], src: torch.Tensor, n: int) -> Optional[torch.Tensor]:
-    if grad is None:
-        return None
-    return grad.new_zeros((n,) + tuple(grad.shape[1:])).index_add_(0, src, grad)
-
-
-def _permute_setup(ctx, inputs, output):
-    permute, lengths, values = inputs[:3]
-    weights = inputs[3] if len(inputs) > 3 else None
-    ctx.save_for_backward(permute, lengths)
-    ctx.n_values = values.shape[0]
-    ctx.n_weights = None if weights is None else weights.shape[0]
-
-
-def _permute_src(ctx, grad_values):
-    permute, lengths = ctx.saved_tensors
-    lengths2 = lengths.reshape(lengths.shape[0], -1)
-    perm = permute.to(torch.int64)
-    starts = ref._exclusive(lengths2.reshape(-1)).reshape(lengths2.shape).index_select(0, perm)
-    return ref.expand_ranges(starts.reshape(-1), lengths2.index_select(0, perm).reshape(-1),
-                             grad_values.shape[0])
-
-
-def _permute_backward(ctx, grad_lengths, grad_values, grad_weights):
-    src = _permute_src(ctx, grad_values)
-    gw = None if ctx.n_weights is None else _scatter_back(grad_weights, src, ctx.n_weights)
-    return None, None, _scatter_back(grad_values, src, ctx.n_values), gw, None
-
-
-def _segment_sum_setup(ctx, inputs, output):
-    batch_size, csr_seg, values = inputs
-    ctx.batch_size = batch_size
-    ctx.n_values = values.shape[0]
-    ctx.save_for_backward(csr_seg)
-
-
-def _segment_sum_backward(ctx, grad):
-    (csr_seg,) = ctx.saved_tensors
-    return None, None, ref.segment_sum_csr_backward(ctx.batch_size, csr_seg, grad, ctx.n_values)
-
-
-def _kjt_select_setup(ctx, inputs, output):
-    values, lengths, offsets, indices, batch_size = inputs[:5]
-    ctx.save_for_backward(lengths, offsets, indices)
-    ctx.batch_size = batch_size
-    ctx.n_values = values.shape[0]
-
-
-def _kjt_select_backward(ctx, grads):
-    lengths, offsets, indices = ctx.saved_tensors
-    grad_values = grads[0]
-    if grad_values is None:
-        return None, None, None, None, None, None, None
-    g = ref.keyed_jagged_index_select_dim1_backward(
-        grad_values, lengths, offsets, indices, ctx.batch_size, ctx.n_values)
-    # like fbgemm, weights get no gradient
-    return g, None, None, None, None, None, None
-
-
-def _pooled_setup(ctx, inputs, output):
-    _, offset_dim_list, permute_list, inv_offset_dim_list, inv_permute_list = inputs
-    ctx.save_for_backward(offset_dim_list, permute_list, inv_offset_dim_list, inv_permute_list)
-
-
-def _pooled_backward_of(name: str):
-    def backward(ctx, grad):
-        offset_dim_list, permute_list, inv_offset_dim_list, inv_permute_list = ctx.saved_tensors
-        g = getattr(_ops, name)(grad, inv_offset_dim_list, inv_permute_list, offset_dim_list,
-                                permute_list)
-        return g, None, None, None, None
-
-    backward.__name__ = f"{name}_backward"
-    return backward
-
-
-# --------------------------------------------------------------------------- specs
-
-_PERMUTE_SCHEMA = ("(Tensor permute, Tensor lengths, Tensor values, Tensor? weights=None, "
-                   "SymInt? permuted_lengths_sum=None) -> (Tensor, Tensor, Tensor?)")
-_POOLED_SCHEMA = ("(Tensor pooled_embs, Tensor offset_dim_list, Tensor permute_list, "
-                  "Tensor inv_offset_dim_list, Tensor inv_permute_list) -> Tensor")
-
-register(OpSpec(
-    name="permute_2D_sparse_data",
-    schema=_PERMUTE_SCHEMA,
-    reference=ref.permute_2D_sparse_data,
-    cpu_kernel="permute_2D_sparse_data",
-    fake=_permute_2d_fake,
-    backward=_permute_backward,
-    setup_context=_permute_setup,
-    fbgemm=True,
-    fbgemm_ascend=True,
-))
-register(OpSpec(
-    name="permute_1D_sparse_data",
-    schema=_PERMUTE_SCHEMA,
-    reference=ref.permute_1D_sparse_data,
-    cpu_kernel="permute_1D_sparse_data",
-    fake=_permute_1d_fake,
-    backward=_permute_backward,
-    setup_context=_permute_setup,
-    fbgemm=True,
-    fbgemm_ascend=True,
-))
-register(OpSpec(
-    name="block_bucketize_sparse_features",
-    schema=("(Tensor lengths, Tensor indices, bool bucketize_pos, bool sequence, "
-            "Tensor block_sizes, SymInt my_size, Tensor? weights=None, "
-            "Tensor? batch_size_per_feature=None, SymInt max_B=-1, "
-            "Tensor[]? block_bucketize_pos=None, bool keep_orig_idx=False, "
-            "Tensor? total_num_blocks=None, Tensor? keep_orig_idx_per_feature=None) "
-            "-> (Tensor, Tensor, Tensor?, Tensor?, Tensor?)"),
-    reference=ref.block_bucketize_sparse_features,
-    cpu_kernel="block_bucketize_sparse_features",
-    fake=_bbsf_fake,
-    fbgemm=True,
-))
-register(OpSpec(
-    name="invert_permute",
-    schema="(Tensor permute) -> Tensor",
-    reference=ref.invert_permute,
-    cpu_kernel="invert_permute",
-    fake=_invert_permute_fake,
-    fbgemm=True,
-))
-register(OpSpec(
-    name="expand_into_jagged_permute",
-    schema="(Tensor permute, Tensor input_offset, Tensor output_offset, SymInt output_size) -> Tensor",
-    reference=ref.expand_into_jagged_permute,
-    cpu_kernel="expand_into_jagged_permute",
-    fake=_expand_fake,
-    fbgemm=True,
-))
-register(OpSpec(
-    name="bounds_check_indices",
-    schema=("(Tensor rows_per_table, Tensor(a!) indices, Tensor(b!) offsets, "
-            "int bounds_check_mode, Tensor(c!) warning, Tensor(d!)? weights=None, "
-            "Tensor? B_offsets=None, SymInt max_B=-1, Tensor? b_t_map=None, "
-            "int info_B_num_bits=-1, int info_B_mask=-1, int bounds_check_version=1, "
-            "bool prefetch_pipeline=False) -> ()"),
-    reference=ref.bounds_check_indices,
-    cpu_kernel="bounds_check_indices",
-    fake=_bounds_check_fake,
-    fbgemm=True,
-))
-register(OpSpec(
-    name="segment_sum_csr",
-    schema="(SymInt batch_size, Tensor csr_seg, Tensor values) -> Tensor",
-    reference=ref.segment_sum_csr,
-    cpu_kernel="segment_sum_csr",
-    fake=_segment_sum_fake,
-    backward=_segment_sum_backward,
-    setup_context=_segment_sum_setup,
-    fbgemm=True,
-    fbgemm_ascend=True,
-))
-register(OpSpec(
-    name="keyed_jagged_index_select_dim1",
-    schema=("(Tensor values, Tensor lengths, Tensor offsets, Tensor indices, SymInt batch_size, "
-            "Tensor? weights=None, SymInt? selected_lengths_sum=None) -> Tensor[]"),
-    reference=ref.keyed_jagged_index_select_dim1,
-    cpu_kernel="keyed_jagged_index_select_dim1",
-    fake=_kjt_select_fake,
-    backward=_kjt_select_backward,
-    setup_context=_kjt_select_setup,
-    fbgemm=True,
-))
-register(OpSpec(
-    name="offsets_range",
-    schema="(Tensor offsets, SymInt range_size) -> Tensor",
-    reference=ref.offsets_range,
-    cpu_kernel="offsets_range",
-    fake=_offsets_range_fake,
-    fbgemm=True,
-    fbgemm_ascend=True,
-))
-# permute_pooled_embs_split: what fbgemm's autograd kernel of ..._auto_grad_split calls on CPU
-# (TorchRec's column-wise sharding), so it is replaceable too
-for _name, _ascend in (("permute_pooled_embs", True), ("permute_pooled_embs_auto_grad", True),
-                       ("permute_pooled_embs_auto_grad_split", False),
-                       ("permute_pooled_embs_split", False)):
-    register(OpSpec(
-        name=_name,
-        schema=_POOLED_SCHEMA,
-        reference=ref.permute_pooled_embs,
-        cpu_kernel="permute_pooled_embs",
-        fake=_pooled_fake,
-        backward=_pooled_backward_of(_name),
-        setup_context=_pooled_setup,
-        fbgemm=True,
-        fbgemm_ascend=_ascend,
-    ))
 
 
 # --------------------------------------------------------------------------- public API
 
 
 def _check_weights(weights: Optional[torch.Tensor], values: torch.Tensor,
-                   dtypes: Sequence[torch.dtype] = _checks.FLOAT_DTYPES) -> None:
+                   dtypes: Sequence[torch.dtype] = validation.FLOAT_DTYPES) -> None:
     if weights is None:
         return
-    _checks.check_tensor("weights", weights, dim=1, dtypes=dtypes)
+    validation.check_tensor("weights", weights, dim=1, dtypes=dtypes)
     if weights.shape[0] != values.shape[0]:
         raise ValueError(f"weights: has {weights.shape[0]} entries but there are "
                          f"{values.shape[0]} values; one weight per value")
@@ -382,7 +85,7 @@ def _check_weights(weights: Optional[torch.Tensor], values: torch.Tensor,
 def _check_sum(name: str, given: Optional[int], actual: torch.Tensor, validate: bool) -> None:
     if given is None:
         return
-    _checks.check_nonneg_int(name, given)
+    validation.check_nonneg_int(name, given)
     if validate and int(actual.sum()) != given:
         raise ValueError(f"{name}: is {given} but the selected lengths sum to {int(actual.sum())}")
 
@@ -430,14 +133,14 @@ def permute_1D_sparse_data(
 
 
 def _check_permute_args(permute, lengths, values, weights, permuted_lengths_sum, validate, ldim):
-    _checks.check_tensor("permute", permute, dim=1, dtypes=(torch.int32,))
-    _checks.check_tensor("lengths", lengths, dim=ldim, dtypes=_checks.INDEX_DTYPES)
-    _checks.check_tensor("values", values, min_dim=1)
+    validation.check_tensor("permute", permute, dim=1, dtypes=(torch.int32,))
+    validation.check_tensor("lengths", lengths, dim=ldim, dtypes=validation.INDEX_DTYPES)
+    validation.check_tensor("values", values, min_dim=1)
     _check_weights(weights, values)
-    _checks.check_same_device(lengths=lengths, permute=permute, values=values, weights=weights)
+    validation.check_same_device(lengths=lengths, permute=permute, values=values, weights=weights)
     flat = lengths.reshape(-1)
-    _checks.check_lengths("lengths", flat, values.shape[0], validate)
-    _checks.check_index_range("permute", permute, 0, lengths.shape[0], validate)
+    validation.check_lengths("lengths", flat, values.shape[0], validate)
+    validation.check_index_range("permute", permute, 0, lengths.shape[0], validate)
     if permuted_lengths_sum is not None:
         sel = lengths.index_select(0, permute.to(torch.int64)) if validate else lengths
         _check_sum("permuted_lengths_sum", permuted_lengths_sum, sel, validate)
@@ -484,14 +187,14 @@ def block_bucketize_sparse_features(
     Returns ``(new_lengths [my_size * len(lengths)], new_indices, new_weights, new_pos,
     unbucketize_permute)``; the last three are None unless asked for.  Not differentiable.
     """
-    _checks.check_tensor("lengths", lengths, dim=1, dtypes=_checks.INDEX_DTYPES)
-    _checks.check_tensor("indices", indices, dim=1, dtypes=_checks.INDEX_DTYPES)
-    _checks.check_tensor("block_sizes", block_sizes, dim=1, dtypes=(indices.dtype,))
-    my_size = _checks.check_nonneg_int("my_size", my_size)
+    validation.check_tensor("lengths", lengths, dim=1, dtypes=validation.INDEX_DTYPES)
+    validation.check_tensor("indices", indices, dim=1, dtypes=validation.INDEX_DTYPES)
+    validation.check_tensor("block_sizes", block_sizes, dim=1, dtypes=(indices.dtype,))
+    my_size = validation.check_nonneg_int("my_size", my_size)
     if my_size < 1:
         raise ValueError("my_size: must be >= 1 (the number of buckets)")
     _check_weights(weights, indices, (torch.float32, torch.float64))
-    _checks.check_same_device(lengths=lengths, indices=indices, block_sizes=block_sizes,
+    validation.check_same_device(lengths=lengths, indices=indices, block_sizes=block_sizes,
                               weights=weights, batch_size_per_feature=batch_size_per_feature,
                               total_num_blocks=total_num_blocks,
                               keep_orig_idx_per_feature=keep_orig_idx_per_feature)
@@ -499,7 +202,7 @@ def block_bucketize_sparse_features(
     if t_count == 0:
         raise ValueError("block_sizes: must have one entry per feature (at least one feature)")
     if batch_size_per_feature is not None:
-        _checks.check_tensor("batch_size_per_feature", batch_size_per_feature, dim=1,
+        validation.check_tensor("batch_size_per_feature", batch_size_per_feature, dim=1,
                              dtypes=(lengths.dtype,))
         if batch_size_per_feature.numel() != t_count:
             raise ValueError(f"batch_size_per_feature: needs {t_count} entries (one per feature)")
@@ -509,26 +212,26 @@ def block_bucketize_sparse_features(
     elif lengths.numel() % t_count:
         raise ValueError(f"lengths: {lengths.numel()} entries is not a multiple of the "
                          f"{t_count} features in block_sizes")
-    _checks.check_lengths("lengths", lengths, indices.numel(), validate)
+    validation.check_lengths("lengths", lengths, indices.numel(), validate)
     uneven = block_bucketize_pos is not None and len(block_bucketize_pos) > 0
     if uneven:
         if len(block_bucketize_pos) != t_count:
             raise ValueError(f"block_bucketize_pos: needs {t_count} tensors (one per feature), "
                              f"got {len(block_bucketize_pos)}")
         for t, pos in enumerate(block_bucketize_pos):
-            _checks.check_tensor(f"block_bucketize_pos[{t}]", pos, dim=1, dtypes=(indices.dtype,))
-            _checks.check_offsets(f"block_bucketize_pos[{t}]", pos, None, validate)
+            validation.check_tensor(f"block_bucketize_pos[{t}]", pos, dim=1, dtypes=(indices.dtype,))
+            validation.check_offsets(f"block_bucketize_pos[{t}]", pos, None, validate)
     for name, t in (("total_num_blocks", total_num_blocks),):
         if t is None:
             continue
-        _checks.check_tensor(name, t, dim=1, dtypes=(indices.dtype,))
+        validation.check_tensor(name, t, dim=1, dtypes=(indices.dtype,))
         if t.numel() != t_count:
             raise ValueError(f"{name}: needs {t_count} entries (one per feature)")
         if not uneven and validate and bool((t % my_size != 0).any() | (t < my_size).any()):
             raise ValueError(f"total_num_blocks: every entry must be a positive multiple of "
                              f"my_size={my_size}, got {t.tolist()}")
     if keep_orig_idx_per_feature is not None:
-        _checks.check_tensor("keep_orig_idx_per_feature", keep_orig_idx_per_feature, dim=1,
+        validation.check_tensor("keep_orig_idx_per_feature", keep_orig_idx_per_feature, dim=1,
                              dtypes=(torch.bool,))
         if keep_orig_idx_per_feature.numel() != t_count:
             raise ValueError(f"keep_orig_idx_per_feature: needs {t_count} entries")
@@ -540,8 +243,8 @@ def block_bucketize_sparse_features(
 
 def invert_permute(permute: torch.Tensor, validate: bool = True) -> torch.Tensor:
     """The inverse permutation: ``out[permute[i]] = i`` (int32/int64 ``permute``)."""
-    _checks.check_tensor("permute", permute, dim=1, dtypes=_checks.INDEX_DTYPES)
-    _checks.check_permutation("permute", permute, validate)
+    validation.check_tensor("permute", permute, dim=1, dtypes=validation.INDEX_DTYPES)
+    validation.check_permutation("permute", permute, validate)
     return _ops.invert_permute(permute)
 
 
@@ -559,12 +262,12 @@ def expand_into_jagged_permute(
     per-feature lengths before/after permuting), all of one int dtype; ``output_size`` =
     ``output_offset[-1]``.
     """
-    _checks.check_tensor("permute", permute, dim=1, dtypes=_checks.INDEX_DTYPES)
-    _checks.check_same_dtype(permute=permute, input_offset=input_offset,
+    validation.check_tensor("permute", permute, dim=1, dtypes=validation.INDEX_DTYPES)
+    validation.check_same_dtype(permute=permute, input_offset=input_offset,
                              output_offset=output_offset)
-    _checks.check_offsets("input_offset", input_offset, None, validate)
-    _checks.check_offsets("output_offset", output_offset, None, validate)
-    _checks.check_same_device(permute=permute, input_offset=input_offset,
+    validation.check_offsets("input_offset", input_offset, None, validate)
+    validation.check_offsets("output_offset", output_offset, None, validate)
+    validation.check_same_device(permute=permute, input_offset=input_offset,
                               output_offset=output_offset)
     if permute.numel() == 0:
         raise ValueError("permute: must not be empty")
@@ -572,8 +275,8 @@ def expand_into_jagged_permute(
         if off.numel() != permute.numel() + 1:
             raise ValueError(f"{name}: needs len(permute) + 1 = {permute.numel() + 1} entries, "
                              f"got {off.numel()}")
-    output_size = _checks.check_nonneg_int("output_size", output_size)
-    _checks.check_index_range("permute", permute, 0, permute.numel(), validate)
+    output_size = validation.check_nonneg_int("output_size", output_size)
+    validation.check_index_range("permute", permute, 0, permute.numel(), validate)
     if validate and int(output_offset[-1]) != output_size:
         raise ValueError(f"output_size: is {output_size} but output_offset ends at "
                          f"{int(output_offset[-1])}")
@@ -625,23 +328,23 @@ def bounds_check_indices(
     ``prefetch_pipeline`` are accepted for schema compatibility (GPU-only in fbgemm).  The
     argument checks here read no tensor values: checking the values is the op's job.
     """
-    _checks.check_tensor("rows_per_table", rows_per_table, dim=1, dtypes=(torch.int64,))
-    _checks.check_tensor("indices", indices, dim=1, dtypes=_checks.INDEX_DTYPES)
-    _checks.check_tensor("offsets", offsets, dim=1, dtypes=_checks.INDEX_DTYPES)
-    _checks.check_same_dtype(indices=indices, offsets=offsets)
-    _checks.check_tensor("warning", warning, dtypes=(torch.int64,))
+    validation.check_tensor("rows_per_table", rows_per_table, dim=1, dtypes=(torch.int64,))
+    validation.check_tensor("indices", indices, dim=1, dtypes=validation.INDEX_DTYPES)
+    validation.check_tensor("offsets", offsets, dim=1, dtypes=validation.INDEX_DTYPES)
+    validation.check_same_dtype(indices=indices, offsets=offsets)
+    validation.check_tensor("warning", warning, dtypes=(torch.int64,))
     if warning.numel() < 1:
         raise ValueError("warning: needs at least one element (the fix counter)")
     mode = int(bounds_check_mode)
     if not 0 <= mode <= 6:
         raise ValueError(f"bounds_check_mode: {mode} is not a BoundsCheckMode (0..6)")
-    _checks.check_same_device(indices=indices, offsets=offsets, rows_per_table=rows_per_table,
+    validation.check_same_device(indices=indices, offsets=offsets, rows_per_table=rows_per_table,
                               warning=warning, weights=weights, B_offsets=B_offsets)
     if offsets.numel() == 0:
         raise ValueError("offsets: needs at least one element")
     t_count = rows_per_table.numel()
     if B_offsets is not None:
-        _checks.check_tensor("B_offsets", B_offsets, dim=1, dtypes=(torch.int32,))
+        validation.check_tensor("B_offsets", B_offsets, dim=1, dtypes=(torch.int32,))
         if B_offsets.numel() != t_count + 1:
             raise ValueError(f"B_offsets: needs T + 1 = {t_count + 1} entries")
     elif t_count == 0 or (offsets.numel() - 1) % t_count:
@@ -663,10 +366,10 @@ def segment_sum_csr(batch_size: int, csr_seg: torch.Tensor, values: torch.Tensor
                     validate: bool = True) -> torch.Tensor:
     """``out[i] = values[csr_seg[i] * batch_size : csr_seg[i + 1] * batch_size].sum()``.
     Differentiable w.r.t. ``values``."""
-    batch_size = _checks.check_nonneg_int("batch_size", batch_size)
-    _checks.check_tensor("values", values, dim=1)
-    _checks.check_offsets("csr_seg", csr_seg, None, validate)
-    _checks.check_same_device(csr_seg=csr_seg, values=values)
+    batch_size = validation.check_nonneg_int("batch_size", batch_size)
+    validation.check_tensor("values", values, dim=1)
+    validation.check_offsets("csr_seg", csr_seg, None, validate)
+    validation.check_same_device(csr_seg=csr_seg, values=values)
     if validate and int(csr_seg[-1]) * batch_size > values.numel():
         raise ValueError(f"csr_seg: last entry {int(csr_seg[-1])} * batch_size {batch_size} "
                          f"exceeds the {values.numel()} values")
@@ -686,24 +389,24 @@ def keyed_jagged_index_select_dim1(
     """Select samples ``indices`` (dim 1) of every key of a KJT (``lengths [K * batch_size]``,
     ``offsets`` its complete cumsum): returns ``[values, lengths]`` (+ ``weights``), key-major.
     Differentiable w.r.t. ``values`` (like fbgemm, not ``weights``)."""
-    _checks.check_tensor("values", values, dim=1)
-    _checks.check_tensor("lengths", lengths, dim=1, dtypes=_checks.INDEX_DTYPES)
-    _checks.check_tensor("indices", indices, dim=1, dtypes=_checks.INDEX_DTYPES)
-    batch_size = _checks.check_nonneg_int("batch_size", batch_size)
+    validation.check_tensor("values", values, dim=1)
+    validation.check_tensor("lengths", lengths, dim=1, dtypes=validation.INDEX_DTYPES)
+    validation.check_tensor("indices", indices, dim=1, dtypes=validation.INDEX_DTYPES)
+    batch_size = validation.check_nonneg_int("batch_size", batch_size)
     if batch_size == 0 or lengths.numel() % batch_size:
         raise ValueError(f"batch_size: {batch_size} must be > 0 and divide len(lengths) = "
                          f"{lengths.numel()}")
     _check_weights(weights, values)
-    _checks.check_same_device(values=values, lengths=lengths, offsets=offsets, indices=indices,
+    validation.check_same_device(values=values, lengths=lengths, offsets=offsets, indices=indices,
                               weights=weights)
-    _checks.check_offsets("offsets", offsets, values.shape[0], validate)
+    validation.check_offsets("offsets", offsets, values.shape[0], validate)
     if offsets.numel() != lengths.numel() + 1:
         raise ValueError(f"offsets: needs len(lengths) + 1 = {lengths.numel() + 1} entries, got "
                          f"{offsets.numel()}")
-    _checks.check_lengths("lengths", lengths, values.shape[0], validate)
+    validation.check_lengths("lengths", lengths, values.shape[0], validate)
     if validate and not torch.equal(offsets[1:] - offsets[:-1], lengths.to(offsets.dtype)):
         raise ValueError("offsets: must be the complete cumsum of lengths")
-    _checks.check_index_range("indices", indices, 0, batch_size, validate)
+    validation.check_index_range("indices", indices, 0, batch_size, validate)
     if selected_lengths_sum is not None:
         sel = lengths.reshape(-1, batch_size).index_select(1, indices.to(torch.int64)) \
             if validate else lengths
@@ -716,24 +419,24 @@ def offsets_range(offsets: torch.Tensor, range_size: int, validate: bool = True)
     """Position of every element within its segment: segment ``i`` spans
     ``[offsets[i], offsets[i + 1])``, the last one ends at ``range_size``.  ``offsets`` are the
     N start offsets (an exclusive cumsum), starting at 0."""
-    _checks.check_tensor("offsets", offsets, dim=1, dtypes=_checks.INDEX_DTYPES)
-    range_size = _checks.check_nonneg_int("range_size", range_size)
+    validation.check_tensor("offsets", offsets, dim=1, dtypes=validation.INDEX_DTYPES)
+    range_size = validation.check_nonneg_int("range_size", range_size)
     if offsets.numel() == 0:
         if range_size:
             raise ValueError("offsets: empty, but range_size > 0 needs at least one segment")
     else:
-        _checks.check_offsets("offsets", offsets, range_size, validate)
+        validation.check_offsets("offsets", offsets, range_size, validate)
     return _ops.offsets_range(offsets, range_size)
 
 
 def _check_pooled(pooled_embs, offset_dim_list, permute_list, inv_offset_dim_list,
                   inv_permute_list, validate):
-    _checks.check_tensor("pooled_embs", pooled_embs, min_dim=2)
+    validation.check_tensor("pooled_embs", pooled_embs, min_dim=2)
     for name, t in (("offset_dim_list", offset_dim_list), ("permute_list", permute_list),
                     ("inv_offset_dim_list", inv_offset_dim_list),
                     ("inv_permute_list", inv_permute_list)):
-        _checks.check_tensor(name, t, dim=1, dtypes=(torch.int64,))
-    _checks.check_same_device(pooled_embs=pooled_embs, offset_dim_list=offset_dim_list,
+        validation.check_tensor(name, t, dim=1, dtypes=(torch.int64,))
+    validation.check_same_device(pooled_embs=pooled_embs, offset_dim_list=offset_dim_list,
                               permute_list=permute_list, inv_offset_dim_list=inv_offset_dim_list,
                               inv_permute_list=inv_permute_list)
     t_count = permute_list.numel()
@@ -742,8 +445,8 @@ def _check_pooled(pooled_embs, offset_dim_list, permute_list, inv_offset_dim_lis
                        ("inv_permute_list", inv_permute_list, t_count)):
         if t.numel() != n:
             raise ValueError(f"{name}: needs {n} entries for {t_count} tables, got {t.numel()}")
-    _checks.check_offsets("offset_dim_list", offset_dim_list, None, validate)
-    _checks.check_permutation("permute_list", permute_list, validate)
+    validation.check_offsets("offset_dim_list", offset_dim_list, None, validate)
+    validation.check_permutation("permute_list", permute_list, validate)
     if not validate:
         return
     if int(offset_dim_list[-1]) != pooled_embs.shape[1]:

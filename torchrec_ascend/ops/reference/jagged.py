@@ -1,26 +1,51 @@
-"""Torch-composite jagged <-> dense conversions (one jagged dimension)."""
+"""Torch-composite jagged ops: conversions and elementwise ops with any number of jagged
+dimensions, softmax, batched GEMMs and selections (one jagged dimension, as in fbgemm).
+
+A jagged tensor with ``J`` jagged dimensions is ``values [T, *inner]`` plus ``offsets``, a list
+of ``J`` int tensors: ``offsets[0]`` has ``B + 1`` entries, ``offsets[d]`` has
+``offsets[d - 1][-1] + 1``.  Its dense form is ``[B, N_0, ..., N_{J-1}, *inner]``: slot
+``(b, j_0, ..., j_{J-1})`` holds the values row reached by walking the offsets
+(``p = b``; ``p = offsets[d][p] + j_d`` while ``j_d < offsets[d][p + 1] - offsets[d][p]``), or
+padding where the walk leaves the jagged tensor (longer sequences are truncated to ``N_d``).
+"""
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
 
 def single_offsets(offsets: List[torch.Tensor], arg: str = "offsets") -> torch.Tensor:
-    """The offsets tensor of the (single) jagged dimension; more than one is not supported."""
+    """The offsets tensor of an op that takes exactly one jagged dimension."""
     if len(offsets) != 1:
-        raise ValueError(
-            f"{arg}: torchrec_ascend supports exactly one jagged dimension, got {len(offsets)}"
-        )
+        raise ValueError(f"{arg}: expected exactly one jagged dimension, got {len(offsets)}")
     return offsets[0]
 
 
-def padded_index(offsets: torch.Tensor, max_len: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(mask [B, max_len] of valid slots, flat value index of each valid slot, row-major).
+def dense_slots(offsets: Sequence[torch.Tensor], max_lengths: Sequence[int]
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(flat index of every valid slot of the dense ``[B, N_0, ..., N_{J-1}]``, values row it
+    holds), both int64 and in increasing slot order.  One gather per jagged dimension."""
+    first = offsets[0]
+    b = first.numel() - 1
+    slot = torch.arange(b, device=first.device)  # flat dense index of each live entry
+    row = slot  # index of each live entry into the offsets of the current level
+    for off, n in zip(offsets, max_lengths):
+        off = off.to(torch.int64)
+        n = int(n)
+        start = off.index_select(0, row)
+        length = off.index_select(0, row + 1) - start
+        j = torch.arange(n, device=off.device)
+        keep = j.unsqueeze(0) < length.unsqueeze(1)
+        slot = (slot.unsqueeze(1) * n + j.unsqueeze(0))[keep]
+        row = (start.unsqueeze(1) + j.unsqueeze(0))[keep]
+    return slot, row
 
-    Sequences longer than ``max_len`` keep their first ``max_len`` items (fbgemm semantics).
-    """
+
+def padded_index(offsets: torch.Tensor, max_len: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One jagged dimension: (mask [B, max_len] of valid slots, values row of each valid slot,
+    row-major).  Sequences longer than ``max_len`` keep their first ``max_len`` items."""
     offsets = offsets.to(torch.int64)  # index_select / index_copy_ want int64 indices
     lengths = offsets[1:] - offsets[:-1]
     pos = torch.arange(max_len, device=offsets.device, dtype=offsets.dtype)
@@ -29,31 +54,45 @@ def padded_index(offsets: torch.Tensor, max_len: int) -> Tuple[torch.Tensor, tor
     return mask, src
 
 
+def _num_slots(b: int, max_lengths: Sequence[int]) -> int:
+    n = b
+    for m in max_lengths:
+        n *= int(m)
+    return n
+
+
 def jagged_to_padded_dense_forward(
     values: torch.Tensor,
     offsets: List[torch.Tensor],
     max_lengths: List[int],
     padding_value: float = 0.0,
 ) -> torch.Tensor:
-    """values [T, *inner] + offsets [B+1] -> dense [B, max_len, *inner]."""
-    off = single_offsets(offsets)
-    n = int(max_lengths[0])
-    b = off.numel() - 1
-    out = values.new_full((b, n) + tuple(values.shape[1:]), padding_value)
-    mask, src = padded_index(off, n)
-    out[mask] = values.index_select(0, src)
-    return out
+    """values [T, *inner] + J offsets -> dense [B, N_0, ..., N_{J-1}, *inner]."""
+    b = offsets[0].numel() - 1
+    dims = [int(m) for m in max_lengths]
+    inner = tuple(values.shape[1:])
+    out = values.new_full((_num_slots(b, dims),) + inner, padding_value)
+    slot, row = dense_slots(offsets, dims)
+    out.index_copy_(0, slot, values.index_select(0, row))
+    return out.reshape((b, *dims) + inner)
 
 
 def dense_to_jagged_forward(
     dense: torch.Tensor, offsets: List[torch.Tensor], total_L: Optional[int] = None
 ) -> torch.Tensor:
-    """dense [B, N, *inner] + offsets -> values [total_L, *inner] (rows past N are zero)."""
-    off = single_offsets(offsets)
-    total = int(off[-1]) if total_L is None else int(total_L)
-    out = dense.new_zeros((total,) + tuple(dense.shape[2:]))
-    mask, src = padded_index(off, dense.shape[1])
-    out.index_copy_(0, src, dense[mask])
+    """dense [B, N_0, ..., N_{J-1}, *inner] + J offsets -> values [total_L, *inner]; rows the
+    dense form does not hold (truncated) are zero, rows at or past ``total_L`` are dropped."""
+    j = len(offsets)
+    total = int(offsets[-1][-1]) if total_L is None else int(total_L)
+    dims = list(dense.shape[1:1 + j])
+    inner = tuple(dense.shape[1 + j:])
+    out = dense.new_zeros((total,) + inner)
+    slot, row = dense_slots(offsets, dims)
+    if total < int(offsets[-1][-1]):
+        keep = row < total
+        slot, row = slot[keep], row[keep]
+    flat = dense.reshape((_num_slots(dense.shape[0], dims),) + inner)
+    out.index_copy_(0, row, flat.index_select(0, slot))
     return out
 
 
@@ -93,8 +132,13 @@ def jagged_rows(offsets: torch.Tensor, total: int) -> Tuple[torch.Tensor, torch.
 
 
 def _to_jagged(dense: torch.Tensor, offsets: torch.Tensor, total: int) -> torch.Tensor:
-    """Rows of ``dense [B, N, *inner]`` at the jagged positions (zero past N)."""
+    """One jagged dimension: rows of ``dense [B, N, *inner]`` at the jagged positions."""
     return dense_to_jagged_forward(dense, [offsets], total)
+
+
+def dense_dims(dense: torch.Tensor, offsets: Sequence[torch.Tensor]) -> List[int]:
+    """``[N_0, ..., N_{J-1}]`` of a dense partner ``[B, N_0, ..., N_{J-1}, *inner]``."""
+    return list(dense.shape[1:1 + len(offsets)])
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -108,25 +152,23 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
 def jagged_dense_elementwise_add(
     x_values: torch.Tensor, x_offsets: List[torch.Tensor], y: torch.Tensor
 ) -> torch.Tensor:
-    """Dense ``y [B, N, *inner]`` plus the jagged x padded with zeros (x truncated to N)."""
-    return y + jagged_to_padded_dense_forward(x_values, x_offsets, [y.shape[1]], 0.0)
+    """Dense ``y [B, N_0.., *inner]`` plus the jagged x padded with zeros (x truncated)."""
+    return y + jagged_to_padded_dense_forward(x_values, x_offsets, dense_dims(y, x_offsets), 0.0)
 
 
 def jagged_dense_elementwise_add_jagged_output(
     x_values: torch.Tensor, x_offsets: List[torch.Tensor], y: torch.Tensor
 ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-    """Jagged ``x + y`` at x's positions (y counts as 0 past its N); offsets returned (copied)."""
-    off = single_offsets(x_offsets, "x_offsets")
-    out = x_values + _to_jagged(y, off, x_values.shape[0])
+    """Jagged ``x + y`` at x's positions (y counts as 0 past its N_d); offsets returned (copied)."""
+    out = x_values + dense_to_jagged_forward(y, x_offsets, x_values.shape[0])
     return out, [o.clone() for o in x_offsets]
 
 
 def jagged_dense_elementwise_mul_forward(
     x_values: torch.Tensor, x_offsets: List[torch.Tensor], y: torch.Tensor
 ) -> torch.Tensor:
-    """Jagged ``x * y`` at x's positions (0 past y's N)."""
-    off = single_offsets(x_offsets, "x_offsets")
-    return x_values * _to_jagged(y, off, x_values.shape[0])
+    """Jagged ``x * y`` at x's positions (0 past y's N_d)."""
+    return x_values * dense_to_jagged_forward(y, x_offsets, x_values.shape[0])
 
 
 def jagged_dense_elementwise_mul_backward(
@@ -134,19 +176,19 @@ def jagged_dense_elementwise_mul_backward(
     x_values: torch.Tensor,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(grad x_values, grad y) of :func:`jagged_dense_elementwise_mul_forward`."""
-    off = single_offsets(x_offsets, "x_offsets")
-    grad_x = grad_output * _to_jagged(y, off, x_values.shape[0])
-    grad_y = jagged_to_padded_dense_forward(grad_output * x_values, x_offsets, [y.shape[1]], 0.0)
+    grad_x = grad_output * dense_to_jagged_forward(y, x_offsets, x_values.shape[0])
+    grad_y = jagged_to_padded_dense_forward(grad_output * x_values, x_offsets,
+                                            dense_dims(y, x_offsets), 0.0)
     return grad_x, grad_y
 
 
 def jagged_dense_dense_elementwise_add_jagged_output_forward(
     x_values: torch.Tensor, x_offsets: List[torch.Tensor], y_0: torch.Tensor, y_1: torch.Tensor
 ) -> torch.Tensor:
-    """Jagged ``x + y_0 + y_1`` at x's positions (the dense terms count as 0 past their N)."""
-    off = single_offsets(x_offsets, "x_offsets")
+    """Jagged ``x + y_0 + y_1`` at x's positions (the dense terms count as 0 past their N_d)."""
     t = x_values.shape[0]
-    return x_values + _to_jagged(y_0, off, t) + _to_jagged(y_1, off, t)
+    return (x_values + dense_to_jagged_forward(y_0, x_offsets, t)
+            + dense_to_jagged_forward(y_1, x_offsets, t))
 
 
 # --------------------------------------------------------------------------- softmax

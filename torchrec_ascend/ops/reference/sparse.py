@@ -15,16 +15,29 @@ def asynchronous_complete_cumsum(t_in: torch.Tensor) -> torch.Tensor:
 
 
 def asynchronous_exclusive_cumsum(t_in: torch.Tensor) -> torch.Tensor:
-    """cumsum(t_in) - t_in (1-D)."""
-    return (torch.cumsum(t_in, dim=0) - t_in).to(t_in.dtype)
+    """``[0, cumsum(t_in)[:-1]]`` over all entries in row-major order, in the input's shape and
+    dtype (fbgemm takes any shape)."""
+    flat = t_in.reshape(-1)
+    out = torch.zeros_like(flat)
+    if flat.numel() > 1:
+        out[1:] = torch.cumsum(flat[:-1], dim=0).to(t_in.dtype)
+    return out.reshape(t_in.shape)
 
 
 def asynchronous_inclusive_cumsum(t_in: torch.Tensor) -> torch.Tensor:
-    """cumsum(t_in) (1-D), in the input dtype."""
-    return torch.cumsum(t_in, dim=0).to(t_in.dtype)
+    """cumsum over all entries in row-major order, in the input's shape and dtype."""
+    return torch.cumsum(t_in.reshape(-1), dim=0).to(t_in.dtype).reshape(t_in.shape)
 
 
 # --------------------------------------------------------------------------- shared helpers
+
+
+def rows_2d(lengths: torch.Tensor) -> torch.Tensor:
+    """``lengths [T, ...]`` as ``[T, prod(...)]`` (explicit width: ``T`` or the width may be 0)."""
+    width = 1
+    for n in lengths.shape[1:]:
+        width *= int(n)
+    return lengths.reshape(lengths.shape[0], width)
 
 
 def _exclusive(lengths: torch.Tensor) -> torch.Tensor:
@@ -62,12 +75,13 @@ def permute_2D_sparse_data(
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Reorder the rows (features) of ``lengths [T_in, B]`` by ``permute [T]`` (a subset, with
     repeats allowed) and move each row's values/weights along, as ``fbgemm`` does."""
-    lengths2 = lengths.reshape(lengths.shape[0], -1)
+    lengths2 = rows_2d(lengths)
     perm = permute.to(torch.int64)
     permuted_lengths = lengths2.index_select(0, perm)
     starts = _exclusive(lengths2.reshape(-1)).reshape(lengths2.shape).index_select(0, perm)
     src = expand_ranges(starts.reshape(-1), permuted_lengths.reshape(-1), permuted_lengths_sum)
-    return permuted_lengths, values.index_select(0, src), _gather_opt(weights, src)
+    out_lengths = permuted_lengths.reshape((perm.numel(),) + tuple(lengths.shape[1:]))
+    return out_lengths, values.index_select(0, src), _gather_opt(weights, src)
 
 
 def permute_1D_sparse_data(
@@ -77,8 +91,10 @@ def permute_1D_sparse_data(
     weights: Optional[torch.Tensor] = None,
     permuted_lengths_sum: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """Reorder the segments of 1-D ``lengths`` by ``permute`` (values/weights follow)."""
+    """Reorder the segments of ``lengths`` (any shape, read flat, as fbgemm) by ``permute``
+    (values/weights follow); the permuted lengths are 1-D."""
     perm = permute.to(torch.int64)
+    lengths = lengths.reshape(-1)
     permuted_lengths = lengths.index_select(0, perm)
     starts = _exclusive(lengths).index_select(0, perm)
     src = expand_ranges(starts, permuted_lengths, permuted_lengths_sum)

@@ -12,7 +12,7 @@ import warnings
 from types import ModuleType
 from typing import Callable, Optional
 
-__all__ = ["extension", "available", "kernel", "direct_ops"]
+__all__ = ["extension", "available", "kernel", "direct_ops", "load_state"]
 
 _EXT: Optional[ModuleType] = None
 _TRIED = False
@@ -36,6 +36,12 @@ def extension() -> Optional[ModuleType]:
             )
             _EXT = None
     return _EXT
+
+
+def load_state() -> tuple:
+    """Changes whenever the extension is loaded (or swapped, in tests): the registry's caches
+    key on it."""
+    return (_TRIED, id(_EXT))
 
 
 def available() -> bool:

@@ -1,4 +1,4 @@
-"""npu kernels of fbgemm's TBE plumbing (torchrec_ascend.ops.embedding_npu), on the simulated
+"""npu kernels of fbgemm's TBE plumbing (torchrec_ascend.distributed.fbgemm_tbe_npu), on the simulated
 npu: get_infos_metadata equals fbgemm's CPU kernel; fbgemm's own TBE module (what TorchRec's
 FUSED kernel runs on npu) trains on npu like on cpu; unsupported arguments are refused."""
 
@@ -11,7 +11,7 @@ pytest.importorskip("fbgemm_gpu")
 
 import torchrec_ascend  # noqa: E402,F401
 from torchrec_ascend import device as _device  # noqa: E402
-from torchrec_ascend.ops import embedding_npu  # noqa: E402
+from torchrec_ascend.distributed import fbgemm_tbe_npu as embedding_npu  # noqa: E402
 from torchrec_ascend.testing import simulated_npu  # noqa: E402
 
 

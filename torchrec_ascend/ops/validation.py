@@ -1,4 +1,5 @@
-"""Input validation shared by the public op entry points.
+"""Input validation of the public op entry points, public for the layers above (sampling,
+metrics, modules) so that every entry point of the package words its errors alike.
 
 Every failure is a ``ValueError`` naming the argument and the rule it broke.  Checks that read
 tensor values (and so would cost a device sync on npu/cuda) only run when the caller passes
@@ -10,6 +11,22 @@ from __future__ import annotations
 from typing import Iterable, Optional, Sequence
 
 import torch
+
+__all__ = [
+    "INDEX_DTYPES",
+    "FLOAT_DTYPES",
+    "check_tensor",
+    "check_same_device",
+    "check_same_dtype",
+    "check_offsets",
+    "check_lengths",
+    "check_max_lengths",
+    "check_nonneg_int",
+    "check_jagged",
+    "check_jagged_offsets",
+    "check_index_range",
+    "check_permutation",
+]
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -126,6 +143,34 @@ def check_jagged(values_name: str, values: torch.Tensor, offsets_name: str,
             f"{offsets_name}: last offset {int(offsets[-1])} must equal the number of rows of "
             f"{values_name} ({values.shape[0]})"
         )
+
+
+def check_jagged_offsets(name: str, offsets: Sequence[torch.Tensor], total: Optional[int],
+                         validate: bool, exact: bool = False, values_name: str = "values") -> None:
+    """``J >= 1`` offsets of one jagged tensor (the tensors of a list ``name``): each 1-D, one int
+    dtype, non-decreasing from 0; ``offsets[d]`` has ``offsets[d - 1][-1] + 1`` entries, and the
+    last ends at most at (``exact``: exactly at) ``total``, the rows of ``values_name``.  With one
+    jagged dimension the tensor is named ``name`` itself."""
+    if len(offsets) == 0:
+        raise ValueError(f"{name}: needs at least one offsets tensor (one per jagged dimension)")
+    labels = [name] if len(offsets) == 1 else [f"{name}[{d}]" for d in range(len(offsets))]
+    for label, off in zip(labels, offsets):
+        check_tensor(label, off, dim=1, dtypes=INDEX_DTYPES)
+    check_same_dtype(**dict(zip(labels, offsets)))
+    check_same_device(**dict(zip(labels, offsets)))
+    for d, (label, off) in enumerate(zip(labels, offsets)):
+        check_offsets(label, off, total if d == len(offsets) - 1 else None, validate)
+    if not validate:
+        return
+    for d in range(1, len(offsets)):
+        want = int(offsets[d - 1][-1]) + 1
+        if offsets[d].numel() != want:
+            raise ValueError(f"{labels[d]}: needs {labels[d - 1]}[-1] + 1 = {want} entries (one "
+                             f"more than the entries of jagged dimension {d - 1}), got "
+                             f"{offsets[d].numel()}")
+    if exact and total is not None and int(offsets[-1][-1]) != total:
+        raise ValueError(f"{labels[-1]}: last offset {int(offsets[-1][-1])} must equal the number "
+                         f"of rows of {values_name} ({total})")
 
 
 def check_index_range(name: str, t: torch.Tensor, low: int, high: int, validate: bool,

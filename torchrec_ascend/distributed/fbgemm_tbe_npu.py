@@ -1,5 +1,6 @@
 """npu (PrivateUse1) kernels of fbgemm's TBE plumbing: what TorchRec's FUSED kernel needs on npu
-besides the lookup ops of :mod:`.embedding`.
+besides the lookup ops of :mod:`torchrec_ascend.ops.embedding` (TorchRec integration, not an op of
+the registry: it adapts fbgemm's TBE module to those ops).
 
 On ``npu`` TorchRec builds fbgemm's ``SplitTableBatchedEmbeddingBagsCodegen`` in its CPU mode
 (``ComputeDevice.CPU``, ``EmbeddingLocation.HOST``, weights on the npu).  Two fbgemm ops on that
@@ -32,7 +33,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import registry
+from ..ops import registry
+from ..ops.registry.environment import has_schema
 
 __all__ = ["INFO_NUM_BITS", "LOOKUP_OPTIMIZERS", "REGISTERED", "infos_metadata", "lookup_pt2"]
 
@@ -173,13 +175,13 @@ def _register() -> None:
         return
     lib = torch.library.Library("fbgemm", "IMPL")
     q = "fbgemm::get_infos_metadata"
-    if registry._has_schema(q) and not torch._C._dispatch_has_kernel_for_dispatch_key(q, "PrivateUse1"):
+    if has_schema(q) and not torch._C._dispatch_has_kernel_for_dispatch_key(q, "PrivateUse1"):
         lib.impl("get_infos_metadata", _get_infos_metadata, "PrivateUse1")
         REGISTERED.append(q)
     for opt in LOOKUP_OPTIMIZERS:
         name = f"split_embedding_codegen_lookup_{opt}_function_pt2"
         q = f"fbgemm::{name}"
-        if not registry._has_schema(q) or torch._C._dispatch_has_kernel_for_dispatch_key(q, "AutogradPrivateUse1"):
+        if not has_schema(q) or torch._C._dispatch_has_kernel_for_dispatch_key(q, "AutogradPrivateUse1"):
             continue
         kernel = _lookup_kernel(opt)
         lib.impl(name, kernel, "AutogradPrivateUse1")

@@ -1,6 +1,7 @@
-"""The op registry: backend choice per device, forcing, describe(), dispatcher state."""
+"""registry/dispatch.py: what is registered with the dispatcher (kernels per device key, fbgemm's
+PrivateUse1 kernels, the fbgemm:: schemas on a torch-only machine), the csrc direct kernels and
+their routing by the registry, and the fallback when the extension is missing."""
 
-import io
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import torch
 import torchrec_ascend.ops as ops
 from torchrec_ascend.ops import registry
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _fbgemm_ops():
@@ -36,123 +37,13 @@ def test_fbgemm_ops_have_privateuse1_kernels_after_import():
 
 def test_fbgemm_keeps_its_own_cpu_kernels_by_default():
     # importing torchrec_ascend must not replace fbgemm's CPU kernels
+    pytest.importorskip("fbgemm_gpu")
     for s in _fbgemm_ops():
-        if "CPU" in registry._NATIVE_KEYS.get(s.name, ()):
-            assert registry.choose(s.name, "cpu")[0] == "fbgemm"
+        if "CPU" in registry.environment.NATIVE_KEYS.get(s.name, ()):
+            assert registry.choose(s.name, "cpu")[0] == "fbgemm", s.name
 
 
-def test_default_order_per_device():
-    # cpu: fbgemm where it has a kernel, else the csrc kernel, else the reference
-    for s in registry.all_specs():
-        backend, why = registry.choose(s.name, "cpu")
-        names = [b for b, _ in registry.available_backends(s.name, "cpu")]
-        assert backend == names[0]
-        assert names[-1] == "reference"
-        order = [registry.BACKENDS.index(b) for b in names]
-        assert order == sorted(order), names
-        # npu on this machine: no fbgemm-ascend, no triton-ascend -> reference
-        assert registry.choose(s.name, "npu")[0] in ("reference", "triton", "fbgemm_ascend")
-        assert why
-
-
-def test_cpu_kernel_is_preferred_over_reference_when_fbgemm_is_replaced():
-    name = "jagged_to_padded_dense_forward"
-    with ops.use_backend("reference", ops=["asynchronous_complete_cumsum"], replace_fbgemm=True):
-        # a force on another op does not change this op's choice
-        assert registry.choose(name, "cpu")[0] == "fbgemm"
-    with ops.use_backend("cpu_kernel", ops=[name], replace_fbgemm=True):
-        assert registry.choose(name, "cpu") == ("cpu_kernel", "forced by use_backend()")
-
-
-def test_use_backend_nesting_and_restore():
-    name = "jagged_to_padded_dense_forward"
-    before = registry.choose(name, "cpu")
-    with ops.use_backend("reference"):
-        assert registry.choose(name, "cpu")[0] == "reference"
-        with ops.use_backend("cpu_kernel", ops=[name]):
-            assert registry.choose(name, "cpu")[0] == "cpu_kernel"
-        assert registry.choose(name, "cpu")[0] == "reference"
-    assert registry.choose(name, "cpu") == before
-
-
-def test_use_backend_strict_when_ops_named():
-    with ops.use_backend("triton", ops=["asynchronous_inclusive_cumsum"]):
-        with pytest.raises(RuntimeError, match="forces backend 'triton'"):
-            registry.choose("asynchronous_inclusive_cumsum", "cpu")
-
-
-def test_use_backend_lenient_for_all_ops():
-    # an op fbgemm has on CPU but no csrc kernel implements (whichever that is today)
-    op = next(s.name for s in registry.all_specs() if s.cpu_kernel is None
-              and registry.available_backends(s.name, "cpu")[0][0] == "fbgemm")
-    with ops.use_backend("cpu_kernel"):
-        backend, why = registry.choose(op, "cpu")
-        assert backend == "fbgemm" and "unavailable" in why
-
-
-def test_use_backend_rejects_bad_arguments():
-    with pytest.raises(ValueError, match="backend='nope'"):
-        with ops.use_backend("nope"):
-            pass
-    with pytest.raises(ValueError, match="ops: unknown op"):
-        with ops.use_backend("reference", ops=["not_an_op"]):
-            pass
-    with pytest.raises(ValueError, match="device='tpu'"):
-        with ops.use_backend("reference", device="tpu"):
-            pass
-    with pytest.raises(ValueError, match="replace_fbgemm"):
-        with ops.use_backend("fbgemm", replace_fbgemm=True):
-            pass
-
-
-def test_env_var_forcing(monkeypatch):
-    name = "jagged_to_padded_dense_forward"
-    monkeypatch.setenv(registry.ENV_BACKEND, "reference")
-    assert registry.choose(name, "cpu")[0] == "reference"
-    monkeypatch.setenv(registry.ENV_BACKEND, f"{name}=cpu_kernel")
-    assert registry.choose(name, "cpu")[0] == "cpu_kernel"
-    assert registry.choose("asynchronous_complete_cumsum", "cpu")[0] == "fbgemm"
-    monkeypatch.setenv(registry.ENV_BACKEND, "bogus")
-    with pytest.raises(ValueError, match="bogus"):
-        registry.choose(name, "cpu")
-
-
-def test_replace_fbgemm_routes_torchrec_calls_through_ours(monkeypatch):
-    """With replace_fbgemm, torch.ops.fbgemm.<op> on CPU runs our implementation; afterwards
-    fbgemm's own kernel is back."""
-    calls = []
-    s = registry.spec("jagged_to_padded_dense_forward")
-    real = s.reference
-
-    def spy(*args):
-        calls.append(args)
-        return real(*args)
-
-    monkeypatch.setattr(s, "reference", spy)
-    values = torch.randn(7, 3)
-    offsets = torch.tensor([0, 0, 1, 7])
-    want = torch.ops.fbgemm.jagged_to_padded_dense(values, [offsets], [4])
-    assert not calls
-    with ops.use_backend("reference", replace_fbgemm=True):
-        got = torch.ops.fbgemm.jagged_to_padded_dense(values, [offsets], [4])
-    assert len(calls) == 1
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
-    torch.ops.fbgemm.jagged_to_padded_dense(values, [offsets], [4])
-    assert len(calls) == 1, "fbgemm's kernel was not restored"
-
-
-def test_describe_prints_every_op_and_device():
-    buf = io.StringIO()
-    rows = ops.describe(file=buf)
-    text = buf.getvalue()
-    assert len(rows) == len(registry.all_specs()) * len(registry.DEVICES)
-    for s in registry.all_specs():
-        assert s.name in text
-    for row in rows:
-        assert row[1] in registry.DEVICES and row[2] in registry.BACKENDS and row[3]
-
-
-def test_register_rejects_duplicates_and_half_autograd():
+def test_register_rejects_duplicates_half_autograd_and_foreign_limits():
     s = registry.spec("asynchronous_complete_cumsum")
     with pytest.raises(ValueError, match="already registered"):
         registry.register(s)
@@ -160,6 +51,12 @@ def test_register_rejects_duplicates_and_half_autograd():
                           reference=lambda x: x, fake=lambda x: x, backward=lambda c, g: g)
     with pytest.raises(ValueError, match="both backward and setup_context"):
         registry.register(bad)
+    bad = registry.OpSpec(name="_limited_reference_probe", schema="(Tensor x) -> Tensor",
+                          reference=lambda x: x, fake=lambda x: x,
+                          limits={"reference": registry.Limit("nothing", lambda x: False)})
+    with pytest.raises(ValueError, match="limits\\['reference'\\]"):
+        registry.register(bad)
+    assert "_half_autograd_probe" not in {s.name for s in registry.all_specs()}
 
 
 _BLOCKER = textwrap.dedent(
@@ -227,7 +124,7 @@ def test_missing_extension_warns_once_and_falls_back():
 
 
 def test_missing_extension_falls_back_to_reference(monkeypatch):
-    from torchrec_ascend.ops import cpu
+    from torchrec_ascend.ops import extension as cpu
 
     monkeypatch.setattr(cpu, "_TRIED", True)
     monkeypatch.setattr(cpu, "_EXT", None)
@@ -270,7 +167,7 @@ def _kjt_select_args():
 
 
 def test_direct_kernels_are_the_dispatchers_cpu_kernels():
-    from torchrec_ascend.ops import cpu
+    from torchrec_ascend.ops import extension as cpu
 
     if not cpu.available():
         pytest.skip("C++ extension not built")
@@ -402,24 +299,3 @@ def test_direct_kernel_errors_and_replace_fbgemm(run_spy):
     torch.testing.assert_close(got, torch.tensor([1, 2, 0]))
 
 
-def test_choose_cache_follows_forcing_and_environment(monkeypatch):
-    name = "jagged_to_padded_dense_forward"
-    monkeypatch.delenv(registry.ENV_BACKEND, raising=False)
-    first = registry.choose(name, "cpu")
-    assert registry.choose(name, "cpu") is first  # cached
-    with ops.use_backend("reference", ops=[name]):
-        assert registry.choose(name, "cpu")[0] == "reference"
-    assert registry.choose(name, "cpu") == first
-    monkeypatch.setenv(registry.ENV_BACKEND, f"{name}=reference")
-    assert registry.choose(name, "cpu")[0] == "reference"
-
-
-def test_choose_cache_follows_patched_triton_usable(monkeypatch):
-    op = next((s.name for s in registry.all_specs() if s.triton is not None), None)
-    if op is None:
-        pytest.skip("no op with a triton kernel")
-    monkeypatch.delenv(registry.ENV_BACKEND, raising=False)
-    monkeypatch.setattr(registry, "triton_usable", lambda dev: False)
-    assert registry.choose(op, "cuda")[0] != "triton"
-    monkeypatch.setattr(registry, "triton_usable", lambda dev: dev == "cuda")
-    assert registry.choose(op, "cuda")[0] == "triton"

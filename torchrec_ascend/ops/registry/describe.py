@@ -1,0 +1,36 @@
+"""The backend table as rows and as printed text."""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Sequence, Tuple
+
+from .choice import choose
+from .spec import DEVICES, all_specs
+
+__all__ = ["describe", "describe_rows"]
+
+
+def describe_rows(devices: Sequence[str] = DEVICES) -> List[Tuple[str, str, str, str]]:
+    """(op, device, backend, why) for every registered op and device; ``why`` names the cases a
+    partial backend covers (the other calls go to the next backend)."""
+    rows = []
+    for s in all_specs():
+        for dev in devices:
+            backend, why = choose(s.name, dev)
+            rows.append((s.name, dev, backend, why))
+    return rows
+
+
+def describe(devices: Sequence[str] = DEVICES, file=None) -> List[Tuple[str, str, str, str]]:
+    """Print the backend table (op, device, backend, why) and return its rows."""
+    rows = describe_rows(devices)
+    header = ("op", "device", "backend", "why")
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(3)]
+    out = file or sys.stdout
+    line = "  ".join(h.ljust(w) for h, w in zip(header[:3], widths)) + "  " + header[3]
+    print(line, file=out)
+    print("-" * len(line), file=out)
+    for r in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3], file=out)
+    return rows
