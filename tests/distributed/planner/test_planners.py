@@ -1,16 +1,16 @@
 """HierarchicalShardingPlanner: TorchRec's planner API, plans that execute, errors on every rank.
 
 Single process: plan() returns a ShardingPlan for every table (TorchRec's validation passes),
-takes a HierarchicalTopology, a plain TorchRec Topology or the environment, logs no warning,
-and an infeasible model raises HierarchicalPlannerError naming the table and both memory sizes.
+takes a HierarchicalTopology, a plain TorchRec Topology or the environment, logs no warning, and
+an infeasible model raises HierarchicalPlannerError naming the table and both memory sizes.
 
 World 4 (2 hosts x 2, LOCAL_WORLD_SIZE=2; slow): collective_plan gives every rank the plan a
 single process computes; an infeasible topology raises on every rank (no hang); the validation
 model (torchrec_ascend.distributed.planner.validation) trained 2 steps under our plan and two
 forced plans covering every sharding type (gloo) and under our plan on the simulated npu matches
 an unsharded float32 model trained on the same batches (every parameter steps with the mean of
-the ranks' gradients, as DDP and TorchRec's all-to-all backward average them); and the bytes the collectives
-moved match the cost model's estimate within 20% on intra- and inter-host links.
+the ranks' gradients, as DDP and TorchRec's all-to-all backward average them); and the bytes the
+collectives moved match the cost model's estimate within 20% on intra- and inter-host links.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import pytest
 import torch
@@ -32,7 +32,7 @@ from torchrec.distributed.types import ShardingPlan  # noqa: E402
 
 from torchrec_ascend import device as _device  # noqa: E402
 from torchrec_ascend.distributed.planner import (  # noqa: E402
-    HierarchicalPlannerError, HierarchicalShardingPlanner, HierarchicalTopology, plan_digest)
+    HierarchicalPlannerError, HierarchicalShardingPlanner, plan_digest)
 from torchrec_ascend.distributed.planner import tables as T  # noqa: E402
 from torchrec_ascend.distributed.planner import validation as V  # noqa: E402
 from torchrec_ascend.testing import simulated_npu  # noqa: E402

@@ -15,7 +15,8 @@ pytest.importorskip("torchrec")
 import torchrec_ascend  # noqa: E402,F401
 from torchrec.distributed.planner.types import Topology  # noqa: E402
 
-from torchrec_ascend.distributed.planner import PRESETS, HierarchicalTopology, LinkSpec  # noqa: E402
+from torchrec_ascend.distributed.planner import (  # noqa: E402
+    PRESETS, HierarchicalTopology, LinkSpec)
 from torchrec_ascend.distributed.planner.topology import (  # noqa: E402
     device_name_known, ensure_device_name)
 

@@ -7,7 +7,8 @@ errors), :mod:`.presets` and :mod:`.topology` (hosts x devices, links, memory), 
 :mod:`.tables` (table files for the CLI), :mod:`.validation` (counting the bytes collectives
 move) and the CLI (``python -m torchrec_ascend.distributed.planner``).  docs/planner.md.
 
-    from torchrec_ascend.distributed.planner import HierarchicalShardingPlanner, HierarchicalTopology
+    from torchrec_ascend.distributed.planner import (HierarchicalShardingPlanner,
+                                                     HierarchicalTopology)
     topo = HierarchicalTopology.from_env(compute_device="npu")
     planner = HierarchicalShardingPlanner(topology=topo, constraints=constraints)
     plan = planner.collective_plan(module, sharders, pg)

@@ -21,12 +21,13 @@ world]`` matrices ``M[src, dst]`` (bytes per step) for the phases TorchRec 1.8 r
   bytes``, by :func:`allreduce_matrix`.
 
 Time is counted in three phases: input, forward, and backward together with grad_sync (DDP
-all-reduces while the backward runs).  A phase takes, on each rank, ``max(sent, received) /
+all-reduces while the backward runs). A phase takes, on each rank, ``max(sent, received) /
 bandwidth`` on each link class (links are full duplex), the slowest rank sets the phase time,
-and each collective call adds its link's latency.  Lookups are memory bound: ``ids on the shard * cols * weight bytes * (1 + bwd
-multiplier) / memory bandwidth``.  Memory per rank: weights + optimizer state (fp32, per
-element or per row, :data:`.types.OPTIMIZERS`) + ``buffer_copies`` x (received ids + output
-embeddings + their gradients) (+ a dense gradient of data-parallel tables).
+and each collective call adds its link's latency. Lookups are memory bound: ``ids on the shard *
+cols * weight bytes * (1 + bwd multiplier) / memory bandwidth``. Memory per rank: weights +
+optimizer state (fp32, per element or per row, :data:`.types.OPTIMIZERS`) + ``buffer_copies`` x
+(received ids + output embeddings + their gradients) (+ a dense gradient of data-parallel
+tables).
 
 :class:`HierarchicalShardEstimator` is the TorchRec ``ShardEstimator`` that writes these
 estimates into the enumerated sharding options (storage and perf of each shard).
@@ -238,7 +239,8 @@ class CostModel:
         e = t.output_bytes
         for s in pt.shards:
             frac = s.rows / t.rows
-            m["input"][:, s.rank] += t.samples * self.length_bytes + t.ids * self._id_bytes(t) * frac
+            m["input"][:, s.rank] += (t.samples * self.length_bytes
+                                      + t.ids * self._id_bytes(t) * frac)
             if not t.pooled:
                 m["forward"][s.rank, :] += t.ids * frac * s.cols * e
         if t.pooled and pt.sharding_type in HOST_GROUP_TYPES:

@@ -31,7 +31,7 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ShardingType
 
 from .estimators import PHASES, CostModel, Loads, link_time
-from .types import HOST_GROUP_TYPES, PlacedTable, ShardSpec
+from .types import HOST_GROUP_TYPES, PlacedTable, ShardSpec, format_bytes
 
 __all__ = ["HierarchicalPartitioner", "PartitionFailure", "Placer", "Unit", "units_of",
            "format_bytes"]
@@ -71,14 +71,6 @@ class Unit:
 
     def needs(self) -> List[int]:
         return [_bytes(self.option.shards[i].storage) for i in self.shard_idx]
-
-
-def format_bytes(n: float) -> str:
-    """``n`` bytes as "1.50 GiB" / "12.0 MiB" / "3.2 KiB" / "17 B" (and the exact count)."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.3g} {unit} ({int(n)} bytes)"
-    return f"{int(n)} bytes"
 
 
 def _bytes(storage) -> int:

@@ -211,7 +211,8 @@ class HierarchicalShardingPlanner(EmbeddingShardingPlanner):
         return plan
 
     def _check_local_world_size(self, plan: ShardingPlan) -> None:
-        types = {ps.sharding_type for mp in plan.plan.values() for ps in mp.values()}  # type: ignore
+        types = {ps.sharding_type  # type: ignore[union-attr]
+                 for mp in plan.plan.values() for ps in mp.values()}
         if not types & HOST_GROUP_TYPES:
             return
         local = get_local_size(self.topology.world_size)

@@ -10,18 +10,16 @@ inter-host bytes, or "does not fit".  Three starts are evaluated:
 * each table's best option alone for the objective (time, then inter-host bytes);
 * each table's fewest-inter-host-bytes option.
 
-A local search runs from every start that fits (the evaluation budget shared among them).
-If none fits, the greedy start shrinks: one table at a time moves to an option that needs less
-memory (the move that costs the least time — or inter-host bytes — alone per byte saved) until
-the assignment fits.  The local search tries, table by table (heaviest first), each other option
-(best alone first) and keeps a move when the whole assignment gets better.  Better, for
-``objective="time"``: among assignments within ``tolerance`` (default 1%) of the fastest one
-seen, fewer inter-host bytes, then faster; otherwise faster.  For ``"inter_host_bytes"`` the
-other way round: within ``tolerance`` of the fewest inter-host bytes seen, faster; otherwise
-fewer inter-host bytes.  It stops after a sweep without a move or
-``max_evaluations`` evaluations, and proposes its result (TorchRec's loop partitions and rates
-it); when nothing fits, the shrunk assignment (its failure is the one reported).
-Deterministic.
+If none fits, the greedy start shrinks first: one table at a time moves to an option that
+needs less memory (the move that costs the least time, or inter-host bytes, alone per byte
+saved) until the assignment fits.  A local search then runs from every start that fits (the
+evaluation budget shared): table by table (heaviest first) it tries each other option (best
+alone first) and keeps a move when the whole assignment gets better.  Better, for
+``objective="time"``: among assignments within ``tolerance`` (default 1%) of the fastest seen,
+fewer inter-host bytes, then faster; otherwise faster.  For ``"inter_host_bytes"`` the other way
+round.  A search stops after a sweep without a move or at its budget of ``max_evaluations``;
+the best result is the one proposal (TorchRec's loop partitions and rates it); when nothing
+fits, the shrunk assignment is (its failure is the one reported).  Deterministic.
 
 Compute kernels the cost model does not price (UVM, caching, key-value) are left out, and so
 are options with an empty shard (a row-wise table with fewer rows than ranks: fbgemm's CPU

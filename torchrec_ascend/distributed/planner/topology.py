@@ -26,7 +26,7 @@ from torchrec.distributed.planner.types import (
 )
 
 from .presets import DEFAULT_PRESET, DevicePreset, preset
-from .types import LinkSpec
+from .types import LinkSpec, format_bytes
 
 __all__ = ["HierarchicalTopology", "COMPUTE_DEVICES", "ALLREDUCE_ALGORITHMS", "device_name_known",
            "ensure_device_name"]
@@ -253,7 +253,7 @@ class HierarchicalTopology:
     def describe(self) -> str:
         gbs = 1e9
         return (f"{self.name}: {self.hosts} host(s) x {self.devices_per_host} {self.compute_device}"
-                f", {self.memory_bytes / (1 << 30):.1f} GiB per device, intra "
+                f", {format_bytes(self.memory_bytes).split(' (')[0]} per device, intra "
                 f"{self.intra_host.bandwidth / gbs:.1f} GB/s, inter "
                 f"{self.inter_host.bandwidth / gbs:.1f} GB/s per device, all-reduce "
                 f"{self.allreduce}")

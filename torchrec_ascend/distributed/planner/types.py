@@ -26,6 +26,7 @@ __all__ = [
     "OPTIMIZERS",
     "HOST_GROUP_TYPES",
     "placed_tables_from_plan",
+    "format_bytes",
 ]
 
 # optimizer state kept per table: (fp32 values per element, fp32 values per row)
@@ -192,6 +193,14 @@ def placed_tables_from_plan(plan: ShardingPlan, tables: Mapping[str, TableSpec],
                     for m in ps.sharding_spec.shards)  # type: ignore[union-attr]
             out.append(PlacedTable(spec, ps.sharding_type, ps.compute_kernel, shards))
     return out
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes as "1.50 GiB" / "12.0 MiB" / "3.2 KiB" / "17 B" (and the exact count)."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit} ({int(n)} bytes)"
+    return f"{int(n)} bytes"
 
 
 def check_ranks(placed: Sequence[PlacedTable], world_size: int) -> None:

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig
-from torchrec import KeyedJaggedTensor
+from torchrec import (EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection,
+                      EmbeddingConfig, KeyedJaggedTensor)
 from torchrec.distributed.types import ShardingPlan
 
 from .estimators import PlanCost, allreduce_matrix
