@@ -217,7 +217,9 @@ at::Tensor jagged_to_padded_dense_impl(const at::Tensor& values,
   std::vector<int64_t> shape = {B};
   shape.insert(shape.end(), max_lengths.begin(), max_lengths.end());
   for (int64_t i = 1; i < v.dim(); ++i) shape.push_back(v.size(i));
-  auto out = empty_output(shape, v.options());
+  // padding 0 (+0.0, all bits zero): an already-zero output, only the data rows are written
+  const bool zero_pad = padding_value == 0.0 && !std::signbit(padding_value);
+  auto out = zero_pad ? zeroed_output(shape, v.options()) : empty_output(shape, v.options());
   const int64_t slots = rows.R * rows.N;
   if (slots == 0 || D == 0) return out;
   TRASC_DISPATCH_ALL(v.scalar_type(), "jagged_to_padded_dense", [&] {
@@ -230,7 +232,7 @@ at::Tensor jagged_to_padded_dense_impl(const at::Tensor& values,
         scalar_t* d = dst + r * rows.N * D;
         const int64_t n = rows.len[r] * D;
         copy_row(d, src + rows.begin[r] * D, n);
-        fill_row(d + n, pad, rows.N * D - n);
+        if (!zero_pad) fill_row(d + n, pad, rows.N * D - n);
       }
     });
   });
@@ -495,7 +497,7 @@ std::tuple<at::Tensor, at::Tensor> jagged_dense_elementwise_mul_backward(
   auto x = contiguous(x_values);
   auto yc = contiguous(y);
   auto grad_x = empty_output(g.sizes(), g.options());
-  auto grad_y = empty_output(yc.sizes(), yc.options());
+  auto grad_y = zeroed_output(yc.sizes(), yc.options());
   const auto& rows = jd.rows;
   const int64_t D = jd.D, slots = rows.R * rows.N;
   TRASC_DISPATCH_ALL(g.scalar_type(), "jagged_dense_elementwise_mul_backward", [&] {
@@ -513,8 +515,7 @@ std::tuple<at::Tensor, at::Tensor> jagged_dense_elementwise_mul_backward(
       copy_parallel(rows.R, slots * D, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
           const int64_t d0 = r * rows.N * D, n = rows.len[r] * D, row = rows.begin[r] * D;
-          mul_rows(gy + d0, gs + row, xs + row, n);
-          fill_row(gy + d0 + n, scalar_t(0), rows.N * D - n);
+          mul_rows(gy + d0, gs + row, xs + row, n);  // the padding slots are zero already
         }
       });
     }

@@ -72,4 +72,30 @@ inline at::Tensor empty_output(at::IntArrayRef shape, const at::TensorOptions& o
   return out;
 }
 
+// Outputs at least this large that are mostly zero come from zeroed_output.
+constexpr int64_t kLazyZeroBytes = int64_t{1} << 20;
+
+// A CPU tensor of zeros whose pages are not touched here (calloc's trick): a buffer of at least
+// kLazyZeroBytes is a fresh anonymous mapping, zero by construction, released with munmap when
+// the tensor dies, so a kernel that fills a padded output writes only its data rows and the
+// untouched padding costs nothing until it is read (reads map the shared zero page).  Smaller
+// buffers, other devices and other systems: at::zeros.
+inline at::Tensor zeroed_output(at::IntArrayRef shape, const at::TensorOptions& options) {
+#if defined(__linux__)
+  int64_t numel = 1;
+  for (auto n : shape) numel *= n;
+  const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(
+      c10::typeMetaToScalarType(options.dtype())));
+  if (options.device().is_cpu() && bytes >= kLazyZeroBytes) {
+    void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED) {
+      const size_t len = static_cast<size_t>(bytes);
+      return at::from_blob(p, shape, [len](void* q) { munmap(q, len); }, options);
+    }
+  }
+#endif
+  return at::zeros(shape, options);
+}
+
 }  // namespace torchrec_ascend
