@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
 import threading
 import types
 from datetime import timedelta
@@ -261,6 +262,10 @@ def enable() -> bool:
                 )
             torch.utils.rename_privateuse1_backend(DEVICE_TYPE)
         ext.register_runtime()
+        if getattr(getattr(torch, DEVICE_TYPE, None), "OFFLINE_PLACEHOLDER", False):
+            # the planner's "no device here" module (planner.topology.ensure_device_name)
+            delattr(torch, DEVICE_TYPE)
+            sys.modules.pop(f"torch.{DEVICE_TYPE}", None)
         if not hasattr(torch, DEVICE_TYPE):
             torch._register_device_module(DEVICE_TYPE, _make_npu_module())
         if not hasattr(torch.Tensor, "is_npu"):

@@ -56,11 +56,11 @@ def npu_backend(qualname: str) -> Tuple[str, str]:
     for other ops whether a PrivateUse1 kernel exists at all."""
     from torchrec_ascend.ops import registry
 
-    from torchrec_ascend.ops import embedding_npu
+    from torchrec_ascend.distributed import fbgemm_tbe_npu
 
     ns, name = qualname.split("::", 1)
-    if qualname in embedding_npu.REGISTERED:
-        return "embedding_npu", "npu kernel of torchrec_ascend.ops.embedding_npu"
+    if qualname in fbgemm_tbe_npu.REGISTERED:
+        return "fbgemm_tbe_npu", "npu kernel of torchrec_ascend.distributed.fbgemm_tbe_npu"
     try:
         registry.spec(name)
     except Exception:

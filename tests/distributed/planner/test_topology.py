@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("torchrec")
 
 import torchrec_ascend  # noqa: E402,F401
+import torch  # noqa: E402
 from torchrec.distributed.planner.types import Topology  # noqa: E402
 
 from torchrec_ascend.distributed.planner import (  # noqa: E402
@@ -139,3 +140,15 @@ def test_ensure_device_name():
     ensure_device_name("cpu")  # known: nothing to do
     with pytest.raises(ValueError, match="does not know"):
         ensure_device_name("tpu")
+
+
+def test_ensure_device_name_leaves_torch_usable():
+    """After naming PrivateUse1 ``npu`` offline, torch's RNG forking (which asks the current
+    accelerator's module) still works: the planner registers a "no device" ``torch.npu``."""
+    ensure_device_name("npu")
+    assert device_name_known("npu")
+    with torch.random.fork_rng():
+        torch.manual_seed(3)
+        a = torch.rand(2)
+    torch.manual_seed(3)
+    assert torch.equal(a, torch.rand(2))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import types
 from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
@@ -285,6 +286,26 @@ def ensure_device_name(compute_device: str) -> None:
     if current != "privateuseone":
         raise RuntimeError(f"PrivateUse1 is named {current!r}; cannot name it 'npu'")
     torch.utils.rename_privateuse1_backend("npu")
+    if not hasattr(torch, "npu"):
+        # torch now reports ``npu`` as the current accelerator; code asking for its module
+        # (``torch.random.fork_rng``, ``torch.get_device_module``) must find one that says
+        # "no device here" rather than fail.
+        torch._register_device_module("npu", _OfflineNpuModule("torch.npu"))
+
+
+class _OfflineNpuModule(types.ModuleType):
+    """``torch.npu`` on a machine that only plans for NPUs: no device, nothing to run on.
+    The simulated npu (:mod:`torchrec_ascend.testing.simulated_npu`) replaces it when enabled."""
+
+    OFFLINE_PLACEHOLDER = True
+
+    @staticmethod
+    def is_available() -> bool:
+        return False
+
+    @staticmethod
+    def device_count() -> int:
+        return 0
 
 
 def _preset_for(compute_device: str, name: Optional[str]) -> DevicePreset:
