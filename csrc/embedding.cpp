@@ -19,11 +19,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
+#include "direct.h"
 #include "parallel.h"
 #include "torchrec_ascend.h"
 
@@ -119,6 +121,44 @@ void pool_f32_avx2(float* o, const float* const* rows, const float* s, int64_t n
 }
 
 const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+const bool kHaveAvx512 = __builtin_cpu_supports("avx512f");
+
+// pool_f32_avx2 with AVX-512: columns in blocks of 256 held in sixteen zmm registers, so a row of
+// up to 256 floats is read in one pass (the blocks of 64 read a D=256 row four times); a row is
+// consumed in a few ns here, so the block of the row kAhead512 positions ahead is prefetched.
+constexpr int64_t kAhead512 = 16;
+__attribute__((target("avx512f")))
+void pool_f32_avx512(float* o, const float* const* rows, const float* s, int64_t n, int64_t n_ahead,
+                     int64_t D) {
+  int64_t d0 = 0;
+  for (; d0 + 256 <= D; d0 += 256) {
+    __m512 a[16];
+    for (int j = 0; j < 16; ++j) a[j] = _mm512_loadu_ps(o + d0 + 16 * j);
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + kAhead512 < n_ahead) {
+        const char* p = reinterpret_cast<const char*>(rows[i + kAhead512] + d0);
+        for (int c = 0; c < 1024; c += 64) _mm_prefetch(p + c, _MM_HINT_T0);
+      }
+      const float* r = rows[i] + d0;
+      const __m512 sv = _mm512_set1_ps(s ? s[i] : 1.0f);
+      for (int j = 0; j < 16; ++j) a[j] = _mm512_fmadd_ps(sv, _mm512_loadu_ps(r + 16 * j), a[j]);
+    }
+    for (int j = 0; j < 16; ++j) _mm512_storeu_ps(o + d0 + 16 * j, a[j]);
+  }
+  for (; d0 + 16 <= D; d0 += 16) {  // the rest, sixteen columns at a time
+    __m512 a = _mm512_loadu_ps(o + d0);
+    for (int64_t i = 0; i < n; ++i) {
+      a = _mm512_fmadd_ps(_mm512_set1_ps(s ? s[i] : 1.0f), _mm512_loadu_ps(rows[i] + d0), a);
+    }
+    _mm512_storeu_ps(o + d0, a);
+  }
+  if (d0 < D) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float f = s ? s[i] : 1.0f;
+      for (int64_t d = d0; d < D; ++d) o[d] += f * rows[i][d];
+    }
+  }
+}
 
 // Prefetches the row of position i + kAhead while position i is summed, across bag ends (short
 // bags are the common case: stopping at a bag's end would leave their rows unfetched).  Bags
@@ -205,9 +245,15 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
           acc* o = op + b * total_D + d_off[t];
           if (kF32 && kHaveAvx2) {
             const int64_t first = offs[k] - offs[k0];
-            pool_f32_avx2(reinterpret_cast<float*>(o), rows.data() + first,
-                          iwp ? reinterpret_cast<const float*>(iwp) + offs[k] : nullptr, offs[k + 1] - offs[k],
-                          static_cast<int64_t>(rows.size()) - first, D);
+            const float* sw = iwp ? reinterpret_cast<const float*>(iwp) + offs[k] : nullptr;
+            const int64_t ahead_n = static_cast<int64_t>(rows.size()) - first;
+            if (kHaveAvx512) {
+              pool_f32_avx512(reinterpret_cast<float*>(o), rows.data() + first, sw,
+                              offs[k + 1] - offs[k], ahead_n, D);
+            } else {
+              pool_f32_avx2(reinterpret_cast<float*>(o), rows.data() + first, sw,
+                            offs[k + 1] - offs[k], ahead_n, D);
+            }
           } else {
             for (int64_t i = offs[k]; i < offs[k + 1]; ++i) {
               const int64_t start = w_off[t] + static_cast<int64_t>(ip[i]) * D;
@@ -265,7 +311,11 @@ at::Tensor nobag(const at::Tensor& weights_in, const at::Tensor& weights_offsets
               ahead.advance(i);
               const auto* row = wp + start;
               out_t* o = op + i * D;
-              for (int64_t d = 0; d < D; ++d) o[d] = static_cast<out_t>(row[d]);
+              if constexpr (std::is_same_v<out_t, w_t>) {
+                std::memcpy(o, row, sizeof(out_t) * D);
+              } else {
+                for (int64_t d = 0; d < D; ++d) o[d] = static_cast<out_t>(row[d]);
+              }
             }
           }
         });
@@ -854,10 +904,54 @@ at::Tensor tbe_nobag_forward(const py::args& a) {
                tensor_at(a, 9), a[13].cast<int64_t>());
 }
 
+// The two pooled forwards and the sequence forward with fbgemm's schemas as C++ signatures: the
+// dispatcher's direct CPU kernels of the *_pt2_wrapper forward ops (csrc/direct.h; no Python on
+// the way, as fbgemm's own kernels).  Undefined (None) tensors are the unused arguments.
+template <bool Weighted>
+at::Tensor tbe_forward_op(const at::Tensor& host_weights, const at::Tensor& dev_weights,
+                          const at::Tensor& /*uvm_weights*/, const at::Tensor& /*lxu_cache_weights*/,
+                          const at::Tensor& /*weights_placements*/,
+                          const at::Tensor& weights_offsets, const at::Tensor& D_offsets,
+                          int64_t total_D, int64_t /*max_D*/,
+                          const at::Tensor& /*hash_size_cumsum*/, const at::Tensor& indices,
+                          const at::Tensor& offsets, int64_t pooling_mode,
+                          const at::Tensor& indice_weights,
+                          const at::Tensor& /*lxu_cache_locations*/,
+                          at::Tensor& /*uvm_cache_stats*/, bool /*is_experimental*/,
+                          int64_t output_dtype) {
+  const auto& w = pick(host_weights, dev_weights);
+  TORCH_CHECK_VALUE(w.defined(), "host_weights / dev_weights: neither holds the weights");
+  const bool iw = Weighted && indice_weights.defined() && indice_weights.numel() > 0;
+  return pooled(w, weights_offsets, D_offsets, total_D, indices, offsets, pooling_mode,
+                iw ? c10::optional<at::Tensor>(indice_weights) : c10::nullopt, output_dtype);
+}
+
+at::Tensor tbe_nobag_forward_op(const at::Tensor& host_weights, const at::Tensor& dev_weights,
+                                const at::Tensor& /*uvm_weights*/,
+                                const at::Tensor& /*lxu_cache_weights*/,
+                                const at::Tensor& /*weights_placements*/,
+                                const at::Tensor& weights_offsets, int64_t D,
+                                const at::Tensor& /*hash_size_cumsum*/, const at::Tensor& indices,
+                                const at::Tensor& offsets,
+                                const at::Tensor& /*lxu_cache_locations*/,
+                                at::Tensor& /*uvm_cache_stats*/, bool /*is_experimental*/,
+                                int64_t output_dtype) {
+  const auto& w = pick(host_weights, dev_weights);
+  TORCH_CHECK_VALUE(w.defined(), "host_weights / dev_weights: neither holds the weights");
+  return nobag(w, weights_offsets, D, indices, offsets, output_dtype);
+}
+
 void bind_embedding(pybind11::module& m) {
   m.def("tbe_forward_unweighted", [](py::args a) { return tbe_forward(false, a); });
   m.def("tbe_forward_weighted", [](py::args a) { return tbe_forward(true, a); });
   m.def("tbe_nobag_forward", [](py::args a) { return tbe_nobag_forward(a); });
+  auto& t = direct::table();
+  t.push_back(direct::entry<&tbe_forward_op<false>>(
+      "split_embedding_codegen_forward_unweighted_pt2_wrapper"));
+  t.push_back(direct::entry<&tbe_forward_op<true>>(
+      "split_embedding_codegen_forward_weighted_pt2_wrapper"));
+  t.push_back(direct::entry<&tbe_nobag_forward_op>(
+      "split_embedding_nobag_codegen_forward_unweighted_pt2_wrapper"));
   // fused backwards: tbe_backward_<optimizer>_{unweighted,weighted,nobag}
   const std::pair<const char*, Opt> opts[] = {{"sgd", Opt::kSgd}, {"adagrad", Opt::kAdagrad},
                                               {"rowwise_adagrad", Opt::kRowwiseAdagrad}, {"adam", Opt::kAdam}};

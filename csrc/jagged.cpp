@@ -28,12 +28,6 @@ namespace torchrec_ascend {
 
 namespace {
 
-// the jagged kernels' parallel loop: see kCopyParallelWork (csrc/parallel.h)
-template <typename F>
-void copy_parallel(int64_t n, int64_t work, F&& f) {
-  parallel_over(n, work, std::forward<F>(f), kCopyParallelWork);
-}
-
 template <typename index_t>
 std::vector<int64_t> offsets_vec(const at::Tensor& off) {
   auto c = off.contiguous();
@@ -131,7 +125,7 @@ std::vector<int64_t> dense_dims(const at::Tensor& dense, int64_t J, const char* 
 // in parallel, `width` elements per slot.
 template <typename F>
 void for_each_span(const DenseRows& rows, int64_t width, F&& f) {
-  copy_parallel(rows.R, rows.R * std::max<int64_t>(rows.N, 1) * width, [&](int64_t r0, int64_t r1) {
+  parallel_over(rows.R, rows.R * std::max<int64_t>(rows.N, 1) * width, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       if (rows.len[r] > 0) f(r, r * rows.N, rows.begin[r], rows.len[r]);
     }
@@ -227,7 +221,7 @@ at::Tensor jagged_to_padded_dense_impl(const at::Tensor& values,
     scalar_t* dst = out.data_ptr<scalar_t>();
     const auto pad = static_cast<scalar_t>(padding_value);
     // per dense row: its slots in one copy, the padding in one fill
-    copy_parallel(rows.R, slots * D, [&](int64_t r0, int64_t r1) {
+    parallel_over(rows.R, slots * D, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         scalar_t* d = dst + r * rows.N * D;
         const int64_t n = rows.len[r] * D;
@@ -268,7 +262,7 @@ at::Tensor dense_to_jagged_impl(const at::Tensor& dense, const std::vector<at::T
     if (J == 1) {
       // each segment in one pass: its slots, then zeros for the truncated tail; rows past the
       // last offset are zero, rows at or past total are not written
-      copy_parallel(rows.R, std::min(total, rows.last) * D, [&](int64_t r0, int64_t r1) {
+      parallel_over(rows.R, std::min(total, rows.last) * D, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
           const int64_t b0 = std::min(rows.begin[r], total);
           const int64_t held = std::min(b0 + rows.len[r], total);
@@ -392,7 +386,7 @@ void jagged_output_pass(const JaggedDense& jd, int64_t J, const scalar_t* x, sca
   const auto& rows = jd.rows;
   const int64_t D = jd.D;
   if (J == 1) {
-    copy_parallel(rows.R, jd.T * D, [&](int64_t r0, int64_t r1) {
+    parallel_over(rows.R, jd.T * D, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t b0 = rows.begin[r] * D, n = rows.len[r] * D, full = rows.full[r] * D;
         if (n > 0) f(out + b0, x + b0, r * rows.N, n);
@@ -403,7 +397,7 @@ void jagged_output_pass(const JaggedDense& jd, int64_t J, const scalar_t* x, sca
     if (head > 0) g(out, x, head);
     if (jd.T > rows.last) g(out + rows.last * D, x + rows.last * D, (jd.T - rows.last) * D);
   } else {
-    copy_parallel(jd.T, jd.T * D, [&](int64_t i0, int64_t i1) {
+    parallel_over(jd.T, jd.T * D, [&](int64_t i0, int64_t i1) {
       g(out + i0 * D, x + i0 * D, (i1 - i0) * D);
     });
     for_each_span(rows, D, [&](int64_t, int64_t slot, int64_t row, int64_t n) {
@@ -428,7 +422,7 @@ at::Tensor jagged_dense_elementwise_add(const at::Tensor& x_values,
     const scalar_t* xs = x.data_ptr<scalar_t>();
     const scalar_t* ys = yc.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
-    copy_parallel(rows.R, slots * D, [&](int64_t r0, int64_t r1) {
+    parallel_over(rows.R, slots * D, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t d0 = r * rows.N * D, n = rows.len[r] * D;
         add_rows(o + d0, ys + d0, xs + rows.begin[r] * D, n);
@@ -512,7 +506,7 @@ std::tuple<at::Tensor, at::Tensor> jagged_dense_elementwise_mul_backward(
           [&](scalar_t* o, const scalar_t* gr, int64_t m) { mul_zero_rows(o, gr, m); });
     }
     if (slots > 0 && D > 0) {
-      copy_parallel(rows.R, slots * D, [&](int64_t r0, int64_t r1) {
+      parallel_over(rows.R, slots * D, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
           const int64_t d0 = r * rows.N * D, n = rows.len[r] * D, row = rows.begin[r] * D;
           mul_rows(gy + d0, gs + row, xs + row, n);  // the padding slots are zero already
@@ -594,7 +588,7 @@ Segments1 segments(const at::Tensor& values, const at::Tensor& offsets, const ch
 // f(b, first row, rows used (<= max_L), rows of the segment) per segment, in parallel
 template <typename F>
 void for_each_segment(const Segments1& s, int64_t max_L, int64_t work_per_row, F&& f) {
-  copy_parallel(s.B, s.T * work_per_row, [&](int64_t b0, int64_t b1) {
+  parallel_over(s.B, s.T * work_per_row, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t full = s.off[b + 1] - s.off[b];
       f(b, s.off[b], std::min(full, std::max<int64_t>(max_L, 0)), full);
@@ -797,7 +791,7 @@ at::Tensor batched_dense_vec_jagged_2d_mul_forward(const at::Tensor& v, const at
     const scalar_t* vs = vc.data_ptr<scalar_t>();
     const scalar_t* as = a.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
-    copy_parallel(BH, s.T * D + BH * D, [&](int64_t p0, int64_t p1) {
+    parallel_over(BH, s.T * D + BH * D, [&](int64_t p0, int64_t p1) {
       std::vector<acc_t> acc(D);
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t b = p / H, h = p % H;
@@ -840,7 +834,7 @@ std::tuple<at::Tensor, at::Tensor> batched_dense_vec_jagged_2d_mul_backward(
     scalar_t* gv = grad_v.data_ptr<scalar_t>();
     scalar_t* ga = grad_a.data_ptr<scalar_t>();
     // one sequence per task: grad_v rows b*H.. and grad_a rows of the segment are its own
-    copy_parallel(s.B, s.T * s.D + BH * N, [&](int64_t b0, int64_t b1) {
+    parallel_over(s.B, s.T * s.D + BH * N, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t full = s.off[b + 1] - s.off[b];
         const int64_t len = std::min(full, N);
@@ -905,7 +899,7 @@ at::Tensor gather_runs(const at::Tensor& values, const std::vector<int64_t>& src
   const char* in = static_cast<const char*>(v.data_ptr());
   char* o = static_cast<char*>(out.data_ptr());
   const int64_t K = static_cast<int64_t>(n.size());
-  copy_parallel(K, total * D, [&](int64_t k0, int64_t k1) {
+  parallel_over(K, total * D, [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
       if (n[k] > 0) std::memcpy(o + dst[k] * bytes, in + src[k] * bytes, n[k] * bytes);
     }

@@ -8,28 +8,28 @@
 
 namespace torchrec_ascend {
 
-// Elements touched below which a loop stays on the calling thread: waking the pool costs
-// 20-30 us idle and milliseconds when other processes hold the cores, more than a memory-bound
-// loop of this size (a TorchRec batch of ~100k ids) gains from a second thread.
-constexpr int64_t kParallelWork = 1 << 18;
+// Elements touched below which a loop stays on the calling thread.  An OpenMP region costs
+// 20-30 us on an idle machine but waits for its worker to be scheduled when other processes hold
+// the cores: 10-40 ms per region measured at load 4-8 on 2 cores (a 4M-element torch.add took
+// 12 ms instead of 2), more than any kernel of this size gains from a second thread.  The
+// baseline does not pay it: fbgemm-gpu-cpu's binaries are built without OpenMP, so its CPU
+// kernels run on the calling thread.  Below this size ours do too (every benchmark shape,
+// including the full TBE batches of ~33M elements); above it the memory-bound loops split.
+constexpr int64_t kParallelWork = int64_t{1} << 25;
 
-// Copy-only kernels (the jagged conversions and elementwise ops) stay on the calling thread below
-// this many elements: one thread moves a row at memory speed, so a second one gains at most the
-// part of the bandwidth the first leaves, while on a loaded machine every parallel region waits
-// for its worker to be scheduled (measured 30-40 ms per region at load ~8 on 2 cores, against
-// 0.7 ms for a 2M-element copy on one thread).
-constexpr int64_t kCopyParallelWork = int64_t{1} << 26;
+// Elements per chunk of a split loop.
+constexpr int64_t kChunkWork = int64_t{1} << 16;
 
 // f(begin, end) over [0, n): on the calling thread unless `work` (elements touched) reaches
-// `threshold`, else at::parallel_for with chunks of about kParallelWork / 4 elements.
+// kParallelWork, else at::parallel_for with chunks of about kChunkWork elements.
 template <typename F>
-void parallel_over(int64_t n, int64_t work, F&& f, int64_t threshold = kParallelWork) {
+void parallel_over(int64_t n, int64_t work, F&& f) {
   if (n <= 0) return;
-  if (work < threshold || n == 1) {
+  if (work < kParallelWork || n == 1) {
     f(0, n);
     return;
   }
-  at::parallel_for(0, n, std::max<int64_t>(1, n * (kParallelWork / 4) / work), f);
+  at::parallel_for(0, n, std::max<int64_t>(1, n * kChunkWork / work), f);
 }
 
 }  // namespace torchrec_ascend
