@@ -266,6 +266,7 @@ def enable() -> bool:
             # the planner's "no device here" module (planner.topology.ensure_device_name)
             delattr(torch, DEVICE_TYPE)
             sys.modules.pop(f"torch.{DEVICE_TYPE}", None)
+            torch.get_device_module.cache_clear()  # it memoises the module per device name
         if not hasattr(torch, DEVICE_TYPE):
             torch._register_device_module(DEVICE_TYPE, _make_npu_module())
         if not hasattr(torch.Tensor, "is_npu"):

@@ -5,6 +5,7 @@ and its cache on a tiny real encoder, and bad input."""
 from __future__ import annotations
 
 import json
+import warnings
 import math
 
 import pytest
@@ -102,15 +103,20 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def test_calibrate_measures_caches_and_leaves_the_encoder_alone(tmp_path, monkeypatch, one_thread):
-    torch.manual_seed(0)
+def _synthetic_timings(a: float, b: float, c0: float = 1e-3):
+    """Timings that follow ``c0 + a tokens + b pairs`` exactly (real ones on a loaded 2-core
+    machine can drown the per-token signal and make calibration fall back, by design)."""
+    return lambda enc, dev, max_len, repeats: [
+        {"n": n, "k": k, "tokens": float(n * k), "pairs": float(k * n * n),
+         "s": c0 + a * n * k + b * k * n * n} for n, k in cost_mod._shapes(max_len)]
+
+
+def test_calibrate_fits_caches_and_refreshes(tmp_path, monkeypatch):
+    monkeypatch.setattr(cost_mod, "_measure", _synthetic_timings(2e-5, 1.5e-7))
     enc = HSTUEncoder(8, 1, 1, 4, 4, 32)
-    before = {k: v.clone() for k, v in enc.state_dict().items()}
     m = HSTUCostModel.calibrate(enc, "cpu", 32, cache_dir=str(tmp_path), repeats=1)
-    assert m.a >= 0 and m.b >= 0 and m.a + m.b > 0
     assert m.source.startswith("measured") and len(m.fit["points"]) == len(cost_mod._shapes(32))
-    assert all(torch.equal(before[k], v) for k, v in enc.state_dict().items())
-    assert all(p.grad is None for p in enc.parameters())
+    assert m.a == pytest.approx(2e-5, rel=1e-3) and m.b == pytest.approx(1.5e-7, rel=1e-3)
     doc = json.loads((tmp_path / cost_mod.CACHE_FILE).read_text())
     key = calibration_key(enc, "cpu", 32)
     assert doc[key]["a"] == m.a and doc[key]["b"] == m.b
@@ -127,13 +133,29 @@ def test_calibrate_measures_caches_and_leaves_the_encoder_alone(tmp_path, monkey
         HSTUCostModel.calibrate(enc, "cpu", 32, cache=False, cache_dir=str(tmp_path))
     with pytest.raises(AssertionError, match="measured although cached"):  # refresh: measures
         HSTUCostModel.calibrate(enc, "cpu", 32, refresh=True, cache_dir=str(tmp_path))
-    monkeypatch.undo()
+    monkeypatch.setattr(cost_mod, "_measure", _synthetic_timings(4e-5, 1e-7))
     fresh = HSTUCostModel.calibrate(enc, "cpu", 32, refresh=True, cache_dir=str(tmp_path), repeats=1)
     stored = json.loads((tmp_path / cost_mod.CACHE_FILE).read_text())[key]
-    assert (stored["a"], stored["b"]) == (fresh.a, fresh.b) and fresh.source.startswith("measured")
+    assert (stored["a"], stored["b"]) == (fresh.a, fresh.b) and fresh.a == pytest.approx(4e-5, rel=1e-3)
 
 
-def test_a_corrupt_cache_is_measured_again(tmp_path, one_thread):
+def test_real_calibration_leaves_the_encoder_alone(tmp_path, one_thread):
+    """A real measurement: its outcome depends on the machine's load (a fit, or the documented
+    FLOP-model fallback when the times do not grow with the tokens); the encoder is untouched."""
+    torch.manual_seed(0)
+    enc = HSTUEncoder(8, 1, 1, 4, 4, 32)
+    before = {k: v.clone() for k, v in enc.state_dict().items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the fallback's warning, under load
+        m = HSTUCostModel.calibrate(enc, "cpu", 32, cache_dir=str(tmp_path), repeats=1)
+    assert m.a >= 0 and m.b >= 0 and m.a + m.b > 0
+    assert m.source.startswith("measured") or m.source == "flops (calibration failed)"
+    assert all(torch.equal(before[k], v) for k, v in enc.state_dict().items())
+    assert all(p.grad is None for p in enc.parameters())
+
+
+def test_a_corrupt_cache_is_measured_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(cost_mod, "_measure", _synthetic_timings(2e-5, 1.5e-7))
     (tmp_path / cost_mod.CACHE_FILE).write_text("{not json")
     enc = HSTUEncoder(8, 1, 1, 4, 4, 16)
     m = HSTUCostModel.calibrate(enc, "cpu", 16, cache_dir=str(tmp_path), repeats=1)
