@@ -18,6 +18,7 @@ Nothing happens where neither variable is set.
 
 from __future__ import annotations
 
+import atexit
 import os
 
 _BACKEND = os.environ.get("TORCHREC_ASCEND_PEER_BACKEND", "")
@@ -60,6 +61,9 @@ def _force(backend: str) -> None:
 
     _FORCE = registry.use_backend(backend, replace_fbgemm=True)
     _FORCE.__enter__()
+    # leave the block while the interpreter can still import (its exit re-syncs the direct
+    # kernels); left to garbage collection at shutdown it fails on a torn-down sys.meta_path
+    atexit.register(_FORCE.__exit__, None, None, None)
 
 
 class _CheckoutTests:
