@@ -360,8 +360,21 @@ def fastest_gemm_dtype(device: DeviceLike = None) -> torch.dtype:
     return gemm_capability(device).fastest
 
 
-def gemm_dtype_is_fast(dtype: torch.dtype, device: DeviceLike = None) -> bool:
-    """Whether computing in ``dtype`` is at least as fast as fp32 on ``device``: fp32 always;
-    a half dtype where it is the device's fastest (measured) or the override names it."""
+def gemm_dtype_is_fast(dtype: Union[str, torch.dtype], device: DeviceLike = None) -> bool:
+    """Whether computing a GEMM in ``dtype`` pays on ``device``: fp32 always; on npu/cuda bf16 and
+    fp16; on cpu a half dtype only where it was measured faster than fp32 (by the margin of
+    :func:`choose_gemm_dtype`).  With ``TORCHREC_ASCEND_GEMM_DTYPE`` set, only that dtype (and
+    fp32)."""
     dtype = parse_dtype(dtype)
-    return dtype == torch.float32 or fastest_gemm_dtype(device) == dtype
+    if dtype == torch.float32:
+        return True
+    forced = os.environ.get(ENV_GEMM_DTYPE, "").strip()
+    if forced:
+        return parse_dtype(forced, ENV_GEMM_DTYPE) == dtype
+    kind = _as_type(device)
+    if kind != "cpu":
+        return True
+    cap = gemm_capability(kind)
+    if dtype not in cap.gflops:
+        return False
+    return choose_gemm_dtype({torch.float32: cap.gflops[torch.float32], dtype: cap.gflops[dtype]}) == dtype
