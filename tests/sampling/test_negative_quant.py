@@ -77,8 +77,11 @@ def test_half_logits_forward_backward_vs_float64(dtype, scale, compute):
 
 def test_half_gemm_is_fast_per_device():
     assert half_gemm_is_fast("cuda", torch.float16) and half_gemm_is_fast("cuda:1", torch.bfloat16)
-    bf16_native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    assert half_gemm_is_fast("cpu", torch.bfloat16) == bf16_native
+    from torchrec_ascend import device
+    cap = device.gemm_capability("cpu")
+    for dt in (torch.bfloat16, torch.float16):
+        measured_faster = dt in cap.gflops and cap.gflops[dt] > device.FASTER_MARGIN * cap.gflops[torch.float32]
+        assert half_gemm_is_fast("cpu", dt) == measured_faster
     with pytest.raises(ValueError, match="compute"):
         half_logits(torch.randn(2, 3), torch.randn(2, 3), torch.float16, compute="fast")
 

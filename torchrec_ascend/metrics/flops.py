@@ -18,7 +18,6 @@ the rate of a large fp32 GEMM measured in the same process (:func:`measure_peak_
 
 from __future__ import annotations
 
-import time
 from typing import Sequence, Union
 
 import torch
@@ -55,20 +54,11 @@ def training_flops(forward_flops: float) -> float:
 
 def measure_peak_gemm_flops(n: int = 2048, repeat: int = 3, dtype: torch.dtype = torch.float32,
                             device: Union[str, torch.device] = "cpu") -> float:
-    """FLOP/s of the best of ``repeat`` ``n x n`` GEMMs (after one warm-up)."""
-    a = torch.randn(n, n, dtype=dtype, device=device)
-    b = torch.randn(n, n, dtype=dtype, device=device)
+    """FLOP/s of an ``n x n`` GEMM in ``dtype``, the best of ``repeat`` timed rounds
+    (:func:`torchrec_ascend.device.measure_gemm_gflops`, torch.utils.benchmark)."""
     from .. import device as _dev
 
-    torch.mm(a, b)
-    _dev.synchronize(a.device)
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        _dev.synchronize(a.device)
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n ** 3 / best
+    return _dev.measure_gemm_gflops(device, (dtype,), n=n, rounds=repeat, min_run_time=0.1)[dtype] * 1e9
 
 
 # published dense peaks (FLOP/s) for the compute dtype used in training, by device-name substring

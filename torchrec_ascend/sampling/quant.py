@@ -8,9 +8,10 @@ Power-of-two scales multiply exactly, so scaling adds no rounding error of its o
 fp32's range and never needs a scale.
 
 :func:`half_logits` computes ``a @ b.T`` from such rows with fp32 accumulation and fp32 output.
-Where half-precision GEMM is fast (npu, cuda; on CPU only bf16 with oneDNN AVX512-BF16/AMX, or
-fp16 with AMX-FP16) it runs in half precision; on other CPUs half-precision GEMM is ~100x slower
-than fp32 (see DESIGN.md), so the half rows are widened to fp32 and multiplied in fp32: the
+Where half-precision GEMM is fast -- npu, cuda, and CPUs where the dtype was *measured* faster
+than fp32 (:func:`torchrec_ascend.device.gemm_dtype_is_fast`: AVX512-BF16 / AMX CPUs for bf16) --
+it runs in half precision; elsewhere (AVX2 CPUs run half GEMM ~100x slower than fp32) the half
+rows are widened to fp32 and multiplied in fp32: the
 operands (what was rounded) are identical, only the arithmetic unit differs.  A half GEMM
 accumulates in fp32; where the backend cannot return fp32 (``mm(out_dtype=...)`` exists on cuda
 only) its output is rounded once to the half format and widened.  :class:`HalfLogits` is the autograd function the loss uses: forward
@@ -20,7 +21,6 @@ returned in fp32 (the rounding is treated as identity, i.e. a straight-through e
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
@@ -60,28 +60,13 @@ def resolve_half_dtype(half_precision: Union[str, torch.dtype, None]) -> Optiona
     return HALF_DTYPES[half_precision]
 
 
-@functools.lru_cache(maxsize=None)
-def _cpu_half_gemm_supported(dtype: torch.dtype) -> bool:
-    """oneDNN has native bf16 (AVX512-BF16 / AMX) or fp16 (AMX-FP16) GEMM on this CPU."""
-    try:
-        if not torch.backends.mkldnn.is_available():
-            return False
-        if dtype == torch.bfloat16:
-            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
 def half_gemm_is_fast(device: Union[str, torch.device], dtype: torch.dtype = torch.float16) -> bool:
-    """Whether half-precision GEMM of ``dtype`` is a fast path on ``device``.
-
-    npu/cuda: yes.  cpu: only where oneDNN has native support (bf16 with AVX512-BF16 or AMX,
-    fp16 with AMX-FP16); plain AVX2 CPUs run half GEMM ~100x slower than fp32.
+    """Whether half-precision GEMM of ``dtype`` is a fast path on ``device``: the device's measured
+    choice (:func:`torchrec_ascend.device.gemm_dtype_is_fast`): npu/cuda yes; cpu only where
+    ``dtype`` has GEMM instructions (AVX512-BF16/AMX-BF16, AVX512-FP16/AMX-FP16) *and* was
+    measured faster than fp32 on this machine.
     """
-    if _device.has_streams(device):
-        return True
-    return _cpu_half_gemm_supported(dtype)
+    return _device.gemm_dtype_is_fast(dtype, device)
 
 
 COMPUTE_MODES = ("auto", "half", "fp32")
