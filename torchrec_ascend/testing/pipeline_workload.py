@@ -216,15 +216,18 @@ def hstu_batch(shape: HSTUShape, rank: int, step: int) -> SeqBatch:
 
 
 def build_hstu(shape: HSTUShape, staleness: int, device: torch.device, seed: int = 3,
-               lr: float = 1e-3):
-    """:class:`HSTUModel` row-wise sharded under our DMP (``staleness``), fused Adam on the
-    table, Adam on the dense part (both ``lr``); the same initial weights for every call."""
+               lr: float = 1e-3, table_lr: float = 5e-3):
+    """:class:`HSTUModel` row-wise sharded under our DMP (``staleness``), fused row-wise
+    Adagrad (``table_lr``) on the table (fbgemm's CPU TBE has no fused Adam), Adam (``lr``) on the
+    dense part; the same initial weights for every call."""
+    from torchrec.optim import RowWiseAdagrad
+
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = HSTUModel(shape, torch.device("meta"))
         dense_init = {k: v for k, v in HSTUModel(shape, torch.device("cpu")).state_dict().items()
                       if not k.startswith("ec.")}
-    apply_optimizer_in_backward(torch.optim.Adam, list(model.ec.parameters()), {"lr": lr})
+    apply_optimizer_in_backward(RowWiseAdagrad, list(model.ec.parameters()), {"lr": table_lr})
     world = torch.distributed.get_world_size()
     planner = EmbeddingShardingPlanner(
         topology=Topology(world_size=world, compute_device=device.type,

@@ -48,6 +48,7 @@ class InstrumentedPipeline:
         """Train one batch; returns the model output of that batch (StopIteration at the end)."""
         step = self.steps_done
         rank = dist.get_rank() if dist.is_initialized() else 0
+        self.timer.begin_step()
         with self.watchdog.watch(f"{self.kind} pipeline step {step}"):
             try:
                 out = self._step(dataloader_iter)

@@ -57,7 +57,6 @@ class BatchPrefetcher:
 
     def _run(self) -> None:
         stream = _device.new_stream(self._device) if _device.has_streams(self._device) else None
-        step = 0
         try:
             while not self._stop.is_set():
                 start = time.perf_counter()
@@ -69,8 +68,7 @@ class BatchPrefetcher:
                     batch = batch.to(self._device, non_blocking=True)
                 if stream is not None:
                     stream.synchronize()
-                self._timer.add("batch_copy", step, start, time.perf_counter())
-                step += 1
+                self._timer.add("batch_copy", -1, start, time.perf_counter())  # other thread
                 if not self._put(batch):
                     return
         except BaseException as exc:  # handed to the consumer

@@ -4,7 +4,7 @@ A pipeline wraps each piece of its work in ``with timer.stage(name):``; at the e
 ``timer.end_step()`` returns one plain dict the trainer can log (log.jsonl, TensorBoard)::
 
     {"step": int,                 # 0-based index of the batch whose optimizer step just ran
-     "step_ms": float,            # wall time since the previous end_step (or the first span)
+     "step_ms": float,            # wall time from begin_step (progress() entry) to end_step
      "stages_ms": {name: ms},     # summed wall time of each stage inside the step
      "busy_fraction": float}      # compute-stage time of the main thread / step_ms
 
@@ -94,6 +94,13 @@ class StageTimer:
                 if len(self.spans) > self._keep:
                     del self.spans[: len(self.spans) - self._keep]
 
+    def begin_step(self) -> None:
+        """Start the wall clock of a step now (spans other threads recorded since the last
+        step stay in its stage sums; the main thread's busy time restarts)."""
+        with self._lock:
+            self._step_start = time.perf_counter()
+            self._busy_s = 0.0
+
     def end_step(self, step: int) -> dict:
         """Close the current step and return its record (see the module docstring)."""
         now = time.perf_counter()
@@ -105,5 +112,5 @@ class StageTimer:
                       "busy_fraction": min(self._busy_s / wall, 1.0)}
             self._step_ms = defaultdict(float)
             self._busy_s = 0.0
-            self._step_start = now
+            self._step_start = None
         return record

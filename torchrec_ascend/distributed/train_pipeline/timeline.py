@@ -11,19 +11,20 @@ __all__ = ["draw_timeline"]
 
 def draw_timeline(spans: Sequence[Span], path: str, steps: Optional[Sequence[int]] = None,
                   title: str = "") -> str:
-    """Draw ``spans`` (only those of ``steps`` when given; spans of step -1 are kept if they
-    fall inside the drawn window) as a Gantt chart at ``path``; returns ``path``."""
+    """Draw a Gantt chart of ``spans`` at ``path`` (returns ``path``): the window runs from the
+    first to the last compute-thread span of ``steps`` (all steps when None), and every span
+    inside it is drawn, other threads' (step -1, grey) included."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    chosen = [s for s in spans if steps is None or s.step in steps]
-    if not chosen:
+    main = [s for s in spans if s.step >= 0 and (steps is None or s.step in steps)]
+    if not main:
         raise ValueError("spans: none to draw (for the requested steps)")
-    t0 = min(s.start for s in chosen)
-    t1 = max(s.end for s in chosen)
-    chosen += [s for s in spans if s.step == -1 and s.start >= t0 and s.end <= t1]
+    t0 = min(s.start for s in main)
+    t1 = max(s.end for s in main)
+    chosen = [s for s in spans if s.end > t0 and s.start < t1]
     lanes = [st for st in STAGES if any(s.stage == st for s in chosen)]
     fig, ax = plt.subplots(figsize=(12, 0.45 * len(lanes) + 1.2))
     cmap = plt.get_cmap("tab10")
@@ -37,7 +38,7 @@ def draw_timeline(spans: Sequence[Span], path: str, steps: Optional[Sequence[int
     ax.set_yticks(range(len(lanes)))
     ax.set_yticklabels(lanes)
     ax.invert_yaxis()
-    ax.set_xlabel("ms (colour = batch index; outlined = compute stage)")
+    ax.set_xlabel("ms (colour = pipeline step, grey = other threads; outlined = compute stage)")
     ax.set_title(title or "train pipeline stages")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
