@@ -1,0 +1,96 @@
+"""Dense gradient all-reduce that a pipeline starts and waits for itself (no DDP).
+
+TorchRec's DistributedModelParallel wraps the unsharded (dense) part in DDP, whose all-reduce
+finishes inside ``loss.backward()``.  With ``staleness >= 1`` our DistributedModelParallel uses
+:class:`DeferredGradWrapper` instead: the dense parameters are broadcast from rank 0 once (as
+DDP does) and :class:`DenseGradSync` averages their gradients when the pipeline asks
+(:meth:`DenseGradSync.start` after the dense backward, :meth:`DenseGradSync.wait` before the
+optimizer step), on a process group of its own, so the all-reduce runs while the compute thread
+does the next batch's sparse work.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from torchrec.distributed.model_parallel import DataParallelWrapper
+from torchrec.distributed.types import ShardingEnv
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+__all__ = ["DenseGradSync", "DeferredGradWrapper", "UnsyncedGradientsError"]
+
+
+class UnsyncedGradientsError(RuntimeError):
+    """A training forward ran while the previous backward's dense gradients were not averaged."""
+
+
+class DenseGradSync:
+    """Averages the gradients of ``params`` over ``group`` with one flat async all-reduce per
+    dtype.  ``pending`` is True between a backward that produced a gradient and :meth:`start`."""
+
+    def __init__(self, params: List[nn.Parameter], group: Optional[dist.ProcessGroup]) -> None:
+        self.params = [p for p in params if p.requires_grad]
+        self.group = group
+        self.world = dist.get_world_size(group) if dist.is_initialized() else 1
+        self.pending = False
+        self._work: List[tuple] = []
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._mark)
+
+    def _mark(self, _p: torch.Tensor) -> None:
+        self.pending = True
+
+    def start(self) -> None:
+        """Launch the all-reduce of every present gradient (returns at once)."""
+        if self._work:
+            raise RuntimeError("DenseGradSync.start: the previous all-reduce was never waited")
+        self.pending = False
+        if self.world == 1:
+            return
+        by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
+        for p in self.params:
+            if p.grad is not None:
+                by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+        for grads in by_dtype.values():
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            work = dist.all_reduce(flat, group=self.group, async_op=True)
+            self._work.append((work, flat, grads))
+
+    def wait(self) -> None:
+        """Wait for the all-reduce and write the averaged gradients back."""
+        work, self._work = self._work, []
+        for handle, flat, grads in work:
+            handle.wait()
+            flat.div_(self.world)
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+
+
+class DeferredGradWrapper(DataParallelWrapper):
+    """DMP's data-parallel wrapper for ``staleness >= 1``: broadcasts the dense parameters from
+    rank 0 and attaches a :class:`DenseGradSync` as ``dmp.dense_grad_sync``."""
+
+    def wrap(self, dmp: "DistributedModelParallel", env: ShardingEnv,
+             device: torch.device) -> None:
+        if getattr(dmp, "dense_grad_sync", None) is not None:
+            return
+        sharded = set(type(dmp)._sharded_parameter_names(dmp._dmp_wrapped_module))
+        dense = [p for n, p in dmp._dmp_wrapped_module.named_parameters() if n not in sharded]
+        pg = env.process_group
+        group = None
+        if pg is not None and dist.get_world_size(pg) > 1:
+            ranks = dist.get_process_group_ranks(pg)
+            group = dist.new_group(ranks=ranks)  # collective: every rank builds its DMP
+            src = ranks[0]
+            with torch.no_grad():
+                for p in dense:
+                    dist.broadcast(p.data, src=src, group=pg)
+        dmp.dense_grad_sync = DenseGradSync(dense, group)
