@@ -1,7 +1,8 @@
 """Hierarchical planner vs TorchRec's default planner: inter-host bytes per step.
 
 Usage: ``python benchmarks/planner.py [--quick]`` (``--quick``: the 2x8 cases, three sync
-intervals and one validation plan; it writes ``results/planner_quick.json``, the full run ``planner.json``).
+intervals and one validation plan; it writes ``results/planner_quick.json``, the full run
+``planner.json``).
 
 For every table set x topology (Ascend A2 hosts of 8 NPUs: 2x8, 4x8, 16x8, planned and priced,
 not executed) both planners plan the same meta-device module on the same TorchRec topology

@@ -1,4 +1,4 @@
-"""Running a 2-D plan: TorchRec's ``DMPCollection`` built from a :class:`.two_dim.TwoDimShardingPlanner`.
+"""Running a 2-D plan: TorchRec's ``DMPCollection`` from a :class:`.two_dim.TwoDimShardingPlanner`.
 
 :func:`two_dim_model` wraps a module in :class:`TwoDimModelParallel`, TorchRec 1.8's
 ``DMPCollection`` with ``sharding_group_size`` = devices per host and

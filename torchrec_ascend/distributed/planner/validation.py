@@ -320,8 +320,9 @@ LR = 0.5
 def local_pieces(dmp: nn.Module) -> Dict[str, List[Tuple[List[int], torch.Tensor]]]:
     """{state key: [(global offsets, local tensor)]} of a sharded model's tables on this rank:
     a ShardedTensor's local shards; a DTensor (what a 2-D ``DMPCollection`` returns) by its
-    local shards wrapper's offsets, else by the shards its (remapped) plan puts on this rank; a plain tensor (data parallel) whole.  The
-    tensors are the model's own (writing them writes the tables)."""
+    local shards wrapper's offsets, else by the shards its (remapped) plan puts on this rank;
+    a plain tensor (data parallel) whole.  The tensors are the model's own (writing them
+    writes the tables)."""
     rank = dist.get_rank()
     out: Dict[str, List[Tuple[List[int], torch.Tensor]]] = {}
     for key, value in dmp.state_dict().items():
