@@ -58,3 +58,25 @@ def test_errors_exit_2(tmp_path, capsys, content, match):
     path.write_text(content)
     assert main(["--tables", str(path), "--hosts", "1", "--devices-per-host", "2"]) == 2
     assert match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["2d", "auto"])
+def test_two_dim_and_auto_modes(tmp_path, capsys, mode):
+    path = tmp_path / "t.yaml"
+    path.write_text(TABLES)
+    assert main(["--tables", str(path), "--hosts", "2", "--devices-per-host", "2",
+                 "--preset", "h100", "--mode", mode, "--sync-every", "1000", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["mode"] in ("1d", "2d") and len(doc["ranks"]) == 4
+    if mode == "2d":
+        assert doc["mode"] == "2d" and doc["sync_every"] == 1000
+        assert {t["mode"] for t in doc["tables"]} <= {"1d", "2d"}
+        assert all(t["hosts"] == [0, 1] for t in doc["tables"])
+
+
+def test_bad_sync_every_exits_2(tmp_path, capsys):
+    path = tmp_path / "t.yaml"
+    path.write_text(TABLES)
+    assert main(["--tables", str(path), "--hosts", "2", "--devices-per-host", "2",
+                 "--mode", "2d", "--sync-every", "0"]) == 2
+    assert "sync_every" in capsys.readouterr().err

@@ -5,7 +5,9 @@ errors), :mod:`.presets` and :mod:`.topology` (hosts x devices, links, memory), 
 (the cost model and TorchRec's ``ShardEstimator``), :mod:`.proposers`, :mod:`.partitioners`,
 :mod:`.perf_models`, :mod:`.storage_reservations`, :mod:`.planners` (the planner), :mod:`.explain`,
 :mod:`.tables` (table files for the CLI), :mod:`.validation` (counting the bytes collectives
-move) and the CLI (``python -m torchrec_ascend.distributed.planner``).  docs/planner.md.
+move), :mod:`.two_dim` (2-D parallelism: tables sharded inside a host, replicated across hosts,
+synced every N steps) and :mod:`.collection` (TorchRec's ``DMPCollection`` running a 2-D plan),
+and the CLI (``python -m torchrec_ascend.distributed.planner``).  docs/planner.md.
 
     from torchrec_ascend.distributed.planner import (HierarchicalShardingPlanner,
                                                      HierarchicalTopology)
@@ -16,6 +18,7 @@ move) and the CLI (``python -m torchrec_ascend.distributed.planner``).  docs/pla
 """
 
 from .estimators import CostModel, HierarchicalShardEstimator, PlanCost, allreduce_matrix
+from .collection import TwoDimModelParallel, two_dim_model
 from .explain import PlanExplanation, explain
 from .partitioners import HierarchicalPartitioner, PartitionFailure
 from .perf_models import HierarchicalPerfModel
@@ -24,6 +27,8 @@ from .presets import PRESETS, DevicePreset
 from .proposers import HierarchicalProposer
 from .storage_reservations import DeviceMemoryReservation
 from .topology import HierarchicalTopology
+from .two_dim import (ParallelismChoice, ReplicatedCostModel, TwoDimShardingPlanner,
+                      choose_parallelism)
 from .types import (
     HierarchicalPlannerError,
     LinkSpec,
@@ -56,4 +61,10 @@ __all__ = [
     "PlanExplanation",
     "explain",
     "plan_digest",
+    "TwoDimShardingPlanner",
+    "ReplicatedCostModel",
+    "ParallelismChoice",
+    "choose_parallelism",
+    "TwoDimModelParallel",
+    "two_dim_model",
 ]

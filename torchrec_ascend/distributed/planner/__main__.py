@@ -2,11 +2,14 @@
 
     python -m torchrec_ascend.distributed.planner --tables tables.yaml --hosts 2 \\
         --devices-per-host 8 [--preset ascend-a2 | --topology topo.yaml] [--batch-size 512] \\
-        [--objective time|inter_host_bytes] [--json] [--plot plan.png]
+        [--objective time|inter_host_bytes] [--mode 1d|2d|auto --sync-every N] [--json] \
+        [--plot plan.png]
 
 Prints the explanation (per rank: tables, shards, memory, intra- / inter-host bytes, estimated
 times; totals; per table) or, with ``--json``, the same as JSON with the TorchRec plan's
-sharding types.  The table file format is in :mod:`.tables`, the topology file's in
+sharding types.  ``--mode 2d``: the 2-D plan (:mod:`.two_dim`: tables sharded inside each
+host, replicated across hosts, synced every ``--sync-every`` steps); ``auto``: the better of
+1-D and 2-D by the objective.  The table file format is in :mod:`.tables`, the topology file's in
 :meth:`.topology.HierarchicalTopology.from_dict` (docs/planner.md).
 """
 
@@ -22,6 +25,7 @@ from .presets import PRESETS
 from .proposers import OBJECTIVES
 from .tables import build_module, default_sharders, load_tables, table_constraints
 from .topology import HierarchicalTopology, ensure_device_name
+from .two_dim import TwoDimShardingPlanner, choose_parallelism
 from .types import HierarchicalPlannerError
 
 
@@ -38,6 +42,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None,
                    help="per-rank batch size (default: the table file's, else 512)")
     p.add_argument("--objective", default="time", choices=OBJECTIVES)
+    p.add_argument("--mode", default="1d", choices=("1d", "2d", "auto"),
+                   help="1d: shard over all ranks (default); 2d: shard inside each host, "
+                        "replicate across hosts; auto: the better of the two")
+    p.add_argument("--sync-every", type=int, default=1,
+                   help="2d: steps between replica syncs (default 1)")
     p.add_argument("--reserve", type=float, default=0.15,
                    help="fraction of device memory kept for the rest of the model (0.15)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -62,11 +71,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         tables, file_batch = load_tables(args.tables)
         batch = args.batch_size if args.batch_size is not None else (file_batch or 512)
         ensure_device_name(topo.compute_device)
-        planner = HierarchicalShardingPlanner(topology=topo, batch_size=batch,
-                                              constraints=table_constraints(tables),
-                                              objective=args.objective,
-                                              reserve_fraction=args.reserve)
-        plan = planner.plan(build_module(tables), default_sharders())
+        kwargs = dict(batch_size=batch, constraints=table_constraints(tables),
+                      objective=args.objective, reserve_fraction=args.reserve)
+        module = build_module(tables)
+        mode = args.mode
+        if mode == "auto":
+            choice = choose_parallelism(module, default_sharders(), topo,
+                                        sync_every=args.sync_every, **kwargs)
+            planner, plan, mode = choice.planner, choice.plan, choice.mode
+        else:
+            planner = (TwoDimShardingPlanner(topo, sync_every=args.sync_every, **kwargs)
+                       if mode == "2d" else HierarchicalShardingPlanner(topo, **kwargs))
+            plan = planner.plan(module, default_sharders())
     except (ValueError, OSError, HierarchicalPlannerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -77,9 +93,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         doc = explanation.to_dict()
         doc["batch_size"] = batch
         doc["objective"] = args.objective
+        doc["mode"] = mode
+        if mode == "2d":
+            doc["sync_every"] = args.sync_every
         print(json.dumps(doc, indent=2))
     else:
-        print(f"per-rank batch {batch}, objective {args.objective}")
+        sync = f", sync every {args.sync_every} steps" if mode == "2d" else ""
+        print(f"per-rank batch {batch}, objective {args.objective}, mode {mode}{sync}")
         print(explanation.table())
     return 0
 

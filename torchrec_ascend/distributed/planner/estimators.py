@@ -308,9 +308,45 @@ class CostModel:
                            "HierarchicalShardEstimator first")
         return PlacedTable.from_sharding_option(so, self.tables[so.fqn])
 
+    def supports(self, sharding_type: str) -> bool:
+        """Every TorchRec sharding type is priced."""
+        return True
+
+    # hooks of :meth:`price` (a replicated plan, :mod:`.two_dim`, prices a whole world from
+    # one host group's tables)
+
+    @property
+    def price_topology(self) -> HierarchicalTopology:
+        """The topology :meth:`price` reports on (its per-rank arrays, its masks)."""
+        return self.topology
+
+    def rank_memory(self, pt: PlacedTable) -> np.ndarray:
+        """:meth:`memory` on :attr:`price_topology`'s ranks."""
+        return self.memory(pt)
+
+    def rank_compute(self, pt: PlacedTable) -> np.ndarray:
+        """:meth:`compute` on :attr:`price_topology`'s ranks."""
+        return self.compute(pt)
+
+    def split_pairs(self) -> np.ndarray:
+        """Rank pairs that exchange the KJT all-to-all's splits (every pair of the world)."""
+        return ~np.eye(self.price_topology.world_size, dtype=bool)
+
+    def table_row(self, pt: PlacedTable, total: np.ndarray) -> Dict[str, object]:
+        """One table's row of :attr:`PlanCost.tables` (``total``: its bytes over all phases)."""
+        topo = self.price_topology
+        return {
+            "table": pt.table.fqn, "sharding_type": pt.sharding_type,
+            "compute_kernel": pt.compute_kernel, "ranks": sorted(set(pt.ranks)),
+            "hosts": sorted({topo.host_of(r) for r in pt.ranks}),
+            "memory_bytes": float(self.rank_memory(pt).sum()),
+            "intra_host_bytes": float((total * self._intra).sum()),
+            "inter_host_bytes": float((total * self._inter).sum()),
+        }
+
     def price(self, placed: Sequence[PlacedTable]) -> PlanCost:
         """Every phase's traffic, times, memory and compute of a whole plan."""
-        topo = self.topology
+        topo = self.price_topology
         W = topo.world_size
         mats = {p: np.zeros((W, W)) for p in PHASES}
         memory, compute = np.zeros(W), np.zeros(W)
@@ -320,21 +356,13 @@ class CostModel:
             tm = self.traffic(pt)
             for p in PHASES:
                 mats[p] += tm[p]
-            memory += self.memory(pt)
-            compute += self.compute(pt)
-            total = sum(tm.values())
-            rows.append({
-                "table": pt.table.fqn, "sharding_type": pt.sharding_type,
-                "compute_kernel": pt.compute_kernel, "ranks": sorted(set(pt.ranks)),
-                "hosts": sorted({topo.host_of(r) for r in pt.ranks}),
-                "memory_bytes": float(self.memory(pt).sum()),
-                "intra_host_bytes": float((total * self._intra).sum()),
-                "inter_host_bytes": float((total * self._inter).sum()),
-            })
+            memory += self.rank_memory(pt)
+            compute += self.rank_compute(pt)
+            rows.append(self.table_row(pt, sum(tm.values())))
             if pt.sharding_type != DP:
                 key = (pt.table.module, pt.sharding_type)
                 groups[key] = groups.get(key, False) or pt.table.weighted
-        splits = ~np.eye(W, dtype=bool)
+        splits = self.split_pairs()
         for (module, stype), weighted in groups.items():
             mats["input"][splits] += (_SPLITS_INT64 + int(weighted)) * 8
         if any(pt.sharding_type == DP for pt in placed):

@@ -99,6 +99,10 @@ class PlanExplanation:
                  _span(x["hosts"]), _span(x["ranks"]), f"{x['memory_bytes'] / GiB:.3f}",
                  f"{x['intra_host_bytes'] / MB:.3f}", f"{x['inter_host_bytes'] / MB:.3f}"]
                 for x in self.cost.tables]
+        if any("mode" in x for x in self.cost.tables):  # a 2-D plan (two_dim.py)
+            head.append("mode")
+            for row, x in zip(body, self.cost.tables):
+                row.append(str(x.get("mode", "")))
         lines += _aligned(head, body)
         return "\n".join(lines)
 

@@ -46,7 +46,7 @@ from .storage_reservations import DeviceMemoryReservation
 from .topology import HierarchicalTopology, device_name_known
 from .types import HOST_GROUP_TYPES, HierarchicalPlannerError, PlacedTable
 
-__all__ = ["HierarchicalShardingPlanner", "plan_digest"]
+__all__ = ["HierarchicalShardingPlanner", "plan_digest", "resolve_topology"]
 
 TopologyLike = Union[HierarchicalTopology, Topology, None]
 
@@ -74,6 +74,9 @@ class HierarchicalShardingPlanner(EmbeddingShardingPlanner):
             (:class:`.proposers.HierarchicalProposer`, :class:`.estimators.CostModel`).
         storage_reservation, stats, debug, callbacks, timeout_seconds: as TorchRec's
             ``EmbeddingShardingPlanner`` (``stats`` defaults to none: :meth:`explain` reports).
+        cost_model: a :class:`.estimators.CostModel` on ``topology`` to price with (default:
+            one built from the knobs above; :class:`.two_dim.TwoDimShardingPlanner` passes
+            its replicated model).
     """
 
     def __init__(
@@ -95,30 +98,29 @@ class HierarchicalShardingPlanner(EmbeddingShardingPlanner):
         debug: bool = False,
         callbacks: Optional[List[Callable[[List[ShardingOption]], List[ShardingOption]]]] = None,
         timeout_seconds: Optional[int] = None,
+        cost_model: Optional[CostModel] = None,
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size={batch_size}: must be >= 1")
         if constraints is not None and not isinstance(constraints, dict):
             raise ValueError(f"constraints: must be a dict of table name -> "
                              f"ParameterConstraints, got {type(constraints).__name__}")
-        if isinstance(topology, Topology):
-            htopo = HierarchicalTopology.from_torchrec(topology)
-            trc_topology = topology
-        elif isinstance(topology, HierarchicalTopology) or topology is None:
-            htopo = topology if topology is not None else HierarchicalTopology.from_env()
-            trc_topology = htopo.to_torchrec()
-        else:
-            raise ValueError(f"topology: must be a HierarchicalTopology, a TorchRec Topology or "
-                             f"None, got {type(topology).__name__}")
+        htopo = resolve_topology(topology)
+        trc_topology = topology if isinstance(topology, Topology) else htopo.to_torchrec()
         if not device_name_known(htopo.compute_device):
             raise ValueError(
                 f"compute_device={htopo.compute_device!r}: torch does not know this device, so "
                 "TorchRec cannot write the plan's placements; import torch_npu (or enable the "
                 "simulated npu), or call torchrec_ascend.distributed.planner.topology."
                 "ensure_device_name('npu') to plan an NPU cluster from this machine")
-        self.topology: HierarchicalTopology = htopo
-        self.cost_model = CostModel(htopo, index_bytes=index_bytes, length_bytes=length_bytes,
-                                    buffer_copies=buffer_copies)
+        self.topology: HierarchicalTopology = htopo  # what the ShardingPlan's ranks cover
+        self.world_topology: HierarchicalTopology = htopo  # the job's ranks (collective_plan)
+        if cost_model is None:
+            cost_model = CostModel(htopo, index_bytes=index_bytes, length_bytes=length_bytes,
+                                   buffer_copies=buffer_copies)
+        elif cost_model.topology != htopo:
+            raise ValueError("cost_model: its topology differs from the planner's topology")
+        self.cost_model = cost_model
         estimator = HierarchicalShardEstimator(trc_topology, constraints,
                                                cost_model=self.cost_model, optimizer=optimizer)
         super().__init__(
@@ -185,9 +187,9 @@ class HierarchicalShardingPlanner(EmbeddingShardingPlanner):
         plan: Optional[ShardingPlan] = None
         error: Optional[BaseException] = None
         try:
-            if pg.size() != self.topology.world_size:
+            if pg.size() != self.world_topology.world_size:
                 raise ValueError(f"collective_plan: the process group has {pg.size()} ranks, "
-                                 f"the topology {self.topology.world_size}")
+                                 f"the topology {self.world_topology.world_size}")
             plan = self.plan(module, sharders)
             self._check_local_world_size(plan)
         except Exception as e:  # reported to every rank below
@@ -246,6 +248,19 @@ class HierarchicalShardingPlanner(EmbeddingShardingPlanner):
         """Per-rank and total memory, traffic and time of ``plan`` (default: the last plan);
         ``print()`` it for a table, ``.to_json()`` for JSON, ``.plot(path)`` for a picture."""
         return explain(self.placed_tables(plan), self.topology, cost_model=self.cost_model)
+
+
+def resolve_topology(topology: TopologyLike) -> HierarchicalTopology:
+    """A :class:`HierarchicalTopology` from one, from a TorchRec ``Topology`` (hosts of its
+    ``local_world_size`` devices) or from the environment (None)."""
+    if isinstance(topology, Topology):
+        return HierarchicalTopology.from_torchrec(topology)
+    if isinstance(topology, HierarchicalTopology):
+        return topology
+    if topology is None:
+        return HierarchicalTopology.from_env()
+    raise ValueError(f"topology: must be a HierarchicalTopology, a TorchRec Topology or "
+                     f"None, got {type(topology).__name__}")
 
 
 class _DropDataParallelSpecWarning(logging.Filter):

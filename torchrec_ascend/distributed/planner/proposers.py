@@ -127,7 +127,7 @@ class HierarchicalProposer(Proposer):
         table's least (placement does not change a table's inter-host bytes, by the topology's
         symmetry), memory ignored, the collectives' splits exchange left out."""
         cm = self.cost_model
-        inter = ~cm.topology.same_host()
+        inter = cm._inter
         total = 0.0
         for fqn in self._tables:
             total += min(
@@ -158,6 +158,13 @@ class HierarchicalProposer(Proposer):
             raise ValueError(f"table {fqn}: compute kernels {kernels} are not priced by the "
                              f"hierarchical cost model (priced: {sorted(PRICED_KERNELS)}); allow "
                              "one of those in its ParameterConstraints")
+        supported = [so for so in priced_opts if cm.supports(so.sharding_type)]
+        if not supported:
+            types = sorted({so.sharding_type for so in priced_opts})
+            raise ValueError(f"table {fqn}: sharding types {types} are not supported by "
+                             f"{type(cm).__name__} ({cm.supports.__doc__.strip()}); allow "
+                             "another in its ParameterConstraints")
+        priced_opts = supported
         runnable = [so for so in priced_opts if all(min(s.size) > 0 for s in so.shards)]
         if not runnable:
             types = sorted({so.sharding_type for so in priced_opts})

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -48,6 +48,8 @@ __all__ = [
     "ValidationBatch",
     "make_batch",
     "train_planned",
+    "local_pieces",
+    "load_state",
 ]
 
 _WRAPPED = ("all_to_all_single", "all_to_all", "reduce_scatter", "reduce_scatter_tensor",
@@ -315,14 +317,62 @@ def make_batch(rank: int, step: int, batch_size: int) -> ValidationBatch:
 LR = 0.5
 
 
+def local_pieces(dmp: nn.Module) -> Dict[str, List[Tuple[List[int], torch.Tensor]]]:
+    """{state key: [(global offsets, local tensor)]} of a sharded model's tables on this rank:
+    a ShardedTensor's local shards; a DTensor (what a 2-D ``DMPCollection`` returns) by its
+    local shards wrapper's offsets, else by the shards its (remapped) plan puts on this rank;
+    a plain tensor (data parallel) whole.  The tensors are the model's own (writing them
+    writes the tables)."""
+    rank = dist.get_rank()
+    out: Dict[str, List[Tuple[List[int], torch.Tensor]]] = {}
+    for key, value in dmp.state_dict().items():
+        if not key.startswith(("ebc.", "ec.")):
+            continue
+        if hasattr(value, "local_shards"):
+            out[key] = [(list(s.metadata.shard_offsets), s.tensor) for s in value.local_shards()]
+        elif hasattr(value, "to_local") and hasattr(value.to_local(), "local_offsets"):
+            local = value.to_local()  # TorchRec's LocalShardsWrapper: offsets are global
+            out[key] = [(list(o), t) for o, t in zip(local.local_offsets(), local.local_shards())
+                        if t.numel()]
+        elif hasattr(value, "to_local"):
+            module, _, table, _ = key.split(".")
+            ps = dmp.plan.plan[module][table]  # type: ignore[union-attr,index]
+            mine = [m for m in ps.sharding_spec.shards if m.placement.rank() == rank]
+            local = value.to_local()
+            if len(mine) > 1:
+                raise ValueError(f"local_pieces: {key} has {len(mine)} shards on rank {rank}; "
+                                 "a DTensor's local tensor holds at most one here")
+            if mine and list(local.shape) != list(mine[0].shard_sizes):
+                raise ValueError(f"local_pieces: {key}: local tensor {list(local.shape)}, "
+                                 f"plan shard {list(mine[0].shard_sizes)}")
+            out[key] = [(list(mine[0].shard_offsets), local)] if mine else []
+        else:
+            out[key] = [([0] * value.dim(), value)]
+    return out
+
+
+@torch.no_grad()
+def load_state(dmp: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy an unsharded model's ``state`` into the sharded ``dmp``: tables into their local
+    pieces, the dense parameters whole."""
+    pieces = local_pieces(dmp)
+    for key, value in dmp.state_dict().items():
+        for offsets, t in pieces.get(key, [([0] * value.dim(), value)]):
+            t.copy_(state[key][tuple(slice(o, o + n) for o, n in zip(offsets, t.shape))])
+
+
 def train_planned(plan: ShardingPlan, device: torch.device, steps: int, batch_size: int,
                   count: bool = True,
-                  init: Optional[Callable[[nn.Module], None]] = None) -> Dict[str, object]:
+                  init: Optional[Callable[[nn.Module], None]] = None,
+                  wrap: Optional[Callable[[nn.Module, ShardingPlan, list], nn.Module]] = None
+                  ) -> Dict[str, object]:
     """Train :class:`ValidationModel` under ``plan`` for ``steps`` steps on this rank (the
     process group is set up): fused SGD on the tables, SGD on the head.  Returns ``losses``,
     ``shards`` ({state key: [(offsets, cpu tensor)]} of the rank's tables after training) and,
     with ``count``, ``comm`` (this rank's :meth:`CommCounter.row` over the steps).  ``init`` is
-    called with the sharded model before training (to load weights)."""
+    called with the sharded model before training (to load weights).  ``wrap(model, plan,
+    sharders)`` shards the model (default: ``DistributedModelParallel``; a 2-D
+    :class:`.collection.TwoDimModelParallel`'s ``step_done`` runs after every step)."""
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -335,7 +385,11 @@ def train_planned(plan: ShardingPlan, device: torch.device, steps: int, batch_si
                                 list(model.ebc.parameters()) + list(model.ec.parameters()),
                                 {"lr": LR})
     sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
-    dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
+    if wrap is None:
+        dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
+    else:
+        dmp = wrap(model, plan, sharders)
+    step_done = getattr(dmp, "step_done", None)
     if init is not None:
         init(dmp)
     dense = [p for _, p in in_backward_optimizer_filter(dmp.named_parameters())]
@@ -354,15 +408,11 @@ def train_planned(plan: ShardingPlan, device: torch.device, steps: int, batch_si
             loss.backward()
             opt.step()
             opt.zero_grad()
+            if step_done is not None:
+                step_done()
             losses.append(float(loss.detach().cpu()))
-    shards = {}
-    for key, value in dmp.state_dict().items():
-        if key.startswith(("ebc.", "ec.")):
-            if hasattr(value, "local_shards"):
-                pieces = [(list(s.metadata.shard_offsets), s.tensor) for s in value.local_shards()]
-            else:
-                pieces = [([0] * value.dim(), value)]
-            shards[key] = [(o, t.detach().cpu().clone()) for o, t in pieces]
+    shards = {key: [(o, t.detach().cpu().clone()) for o, t in pieces]
+              for key, pieces in local_pieces(dmp).items()}
     out: Dict[str, object] = {"losses": losses, "shards": shards}
     if count:
         out["comm"] = counter.row()

@@ -1,0 +1,135 @@
+"""Running a 2-D plan: TorchRec's ``DMPCollection`` from a :class:`.two_dim.TwoDimShardingPlanner`.
+
+:func:`two_dim_model` wraps a module in :class:`TwoDimModelParallel`, TorchRec 1.8's
+``DMPCollection`` with ``sharding_group_size`` = devices per host and
+``use_inter_host_allreduce=True`` (each host one sharding group, replicas across hosts; the
+default of TorchRec is the other way round, groups spread over hosts).  Three device fixes,
+each at a ``DMPCollection`` method: its constructor asserts a cuda/mtia device before anything
+else (everything after it is device-agnostic: the assertion is shown a stand-in whose ``type``
+is "cuda", every other use sees the real device); ``_remap_sharding_plan`` writes placements
+``rank:<r>/cpu:<local rank>``, which torch's ShardedTensor refuses for a cpu tensor (cpu
+placements get no index, as TorchRec's own ``placement`` writes them); and ``sync()``'s
+``ReduceOp.AVG`` all-reduce, which gloo does not have, is replaced on gloo by a sum and a
+division (:meth:`TwoDimModelParallel.average_replicas`, through ``DMPCollection``'s
+``custom_all_reduce`` hook).  :meth:`TwoDimModelParallel.step_done` counts steps and syncs the
+replicas every ``sync_every``.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.remote_device import _remote_device
+from torchrec.distributed.model_parallel import DistributedModelParallel, DMPCollection
+from torchrec.distributed.types import EnumerableShardingSpec, ModuleSharder, ShardingPlan
+
+from .two_dim import TwoDimShardingPlanner
+
+__all__ = ["TwoDimModelParallel", "two_dim_model"]
+
+
+class _AssertedDevice:
+    """Shown only to ``DMPCollection.__init__``'s first statement, ``assert device.type in
+    (cuda, mtia)``; :class:`TwoDimModelParallel` hands the real device to everything else."""
+
+    type = "cuda"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+
+class _RealDevice(DistributedModelParallel):
+    """Between ``DMPCollection`` and ``DistributedModelParallel`` in the MRO: the device
+    ``DMPCollection`` passes on is the real one again."""
+
+    def __init__(self, module: nn.Module, env, device, *args, **kwargs) -> None:
+        if isinstance(device, _AssertedDevice):
+            device = device.device
+        super().__init__(module, env, device, *args, **kwargs)
+
+
+class TwoDimModelParallel(DMPCollection, _RealDevice):
+    """TorchRec's ``DMPCollection`` on any device (module docstring); ``sync_every``: steps
+    between replica syncs, for :meth:`step_done`.  Arguments otherwise as ``DMPCollection``'s
+    (``custom_all_reduce`` defaults to :meth:`average_replicas` on gloo)."""
+
+    def __init__(self, module: nn.Module, device: torch.device, plan: ShardingPlan,
+                 world_size: int, sharding_group_size: int, global_pg: dist.ProcessGroup,
+                 *, sync_every: int = 1, **kwargs) -> None:
+        if not isinstance(sync_every, int) or isinstance(sync_every, bool) or sync_every < 1:
+            raise ValueError(f"sync_every={sync_every!r}: must be an integer >= 1")
+        if sharding_group_size < 1 or world_size % sharding_group_size:
+            raise ValueError(f"sharding_group_size={sharding_group_size}: must divide "
+                             f"world_size={world_size}")
+        self._real_device = device
+        self.sync_every = sync_every
+        self.steps = 0
+        if kwargs.get("custom_all_reduce") is None and dist.get_backend(global_pg) == "gloo":
+            kwargs["custom_all_reduce"] = self.average_replicas
+        kwargs.setdefault("use_inter_host_allreduce", True)
+        super().__init__(module=module, device=_AssertedDevice(device), plan=plan,
+                         world_size=world_size, sharding_group_size=sharding_group_size,
+                         global_pg=global_pg, **kwargs)
+
+    def _create_process_groups(self, *args, **kwargs):
+        self._device = self._real_device  # DMPCollection stored the stand-in
+        return super()._create_process_groups(*args, **kwargs)
+
+    def _remap_sharding_plan(self, plan: ShardingPlan, *args, **kwargs) -> None:
+        super()._remap_sharding_plan(plan, *args, **kwargs)
+        if self._real_device.type != "cpu":
+            return
+        for module_plan in plan.plan.values():
+            for ps in module_plan.values():  # type: ignore[union-attr]
+                if isinstance(ps.sharding_spec, EnumerableShardingSpec):
+                    for shard in ps.sharding_spec.shards:
+                        shard.placement = _remote_device(f"rank:{shard.placement.rank()}/cpu")
+
+    @property
+    def replica_pg(self) -> dist.ProcessGroup:
+        """The ranks holding this rank's replicas (one per sharding group)."""
+        return self._default_ctx.replica_pg
+
+    def average_replicas(self, tensors: List[torch.Tensor]) -> None:
+        """Average ``tensors`` (one dtype) over :attr:`replica_pg` in place: one flat sum
+        all-reduce, then a division by the number of replicas."""
+        if not tensors:
+            return
+        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+        dist.all_reduce(flat, group=self.replica_pg)
+        flat /= dist.get_world_size(self.replica_pg)
+        offset = 0
+        with torch.no_grad():
+            for t in tensors:
+                t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
+
+    def step_done(self) -> bool:
+        """Count a finished optimizer step; sync the replicas (weights and optimizer state)
+        when ``sync_every`` steps have passed since the last sync.  Returns whether it
+        synced."""
+        self.steps += 1
+        if self.steps % self.sync_every:
+            return False
+        self.sync()
+        return True
+
+
+def two_dim_model(module: nn.Module, planner: TwoDimShardingPlanner, device: torch.device,
+                  sharders: Optional[List[ModuleSharder[nn.Module]]] = None,
+                  pg: Optional[dist.ProcessGroup] = None,
+                  plan: Optional[ShardingPlan] = None, **kwargs) -> TwoDimModelParallel:
+    """``module`` under ``planner``'s 2-D plan (``plan``, or ``planner.collective_plan`` on
+    ``pg``, default the world): a :class:`TwoDimModelParallel` with the planner's sharding
+    group size and ``sync_every``.  ``kwargs`` go to ``DMPCollection``."""
+    pg = pg if pg is not None else dist.GroupMember.WORLD
+    if pg.size() != planner.world_topology.world_size:
+        raise ValueError(f"two_dim_model: the process group has {pg.size()} ranks, the "
+                         f"planner's topology {planner.world_topology.world_size}")
+    if plan is None:
+        plan = planner.collective_plan(module, sharders, pg)
+    return TwoDimModelParallel(module, device, plan, pg.size(), planner.sharding_group_size,
+                               pg, sync_every=planner.sync_every, sharders=sharders, **kwargs)
