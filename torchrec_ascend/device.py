@@ -36,6 +36,7 @@ __all__ = [
     "synchronize",
     "record_stream",
     "device_of",
+    "process_group_backend",
 ]
 
 ENV_DEVICE = "TORCHREC_ASCEND_DEVICE"
@@ -178,3 +179,15 @@ def synchronize(device: DeviceLike = None) -> None:
     dev = torch.device(device) if device is not None else default_device()
     if has_streams(dev):
         device_module(dev).synchronize(dev)
+
+
+def process_group_backend(device: DeviceLike = None) -> str:
+    """``init_process_group`` backend for the device: ``gloo`` on cpu; on npu / cuda gloo for
+    cpu tensors beside HCCL / NCCL for device tensors (``cpu:gloo,npu:hccl``)."""
+    kind = _as_type(device)
+    if kind == "cpu":
+        return "gloo"
+    accel = {"npu": "hccl", "cuda": "nccl"}.get(kind)
+    if accel is None:
+        raise ValueError(f"device {kind!r}: no process-group backend known (npu, cuda, cpu)")
+    return f"cpu:gloo,{kind}:{accel}"
