@@ -1,4 +1,5 @@
-"""Shared benchmark plumbing: machine info, timing, the CPU fp32 GEMM rate, JSON + table output.
+"""Shared benchmark plumbing: machine info, timing, JSON + table output.  (The peak GEMM rate
+is :func:`torchrec_ascend.metrics.measure_peak_gemm_flops`.)
 
 Every benchmark prints a table and writes ``benchmarks/results/<name>.json`` holding its rows and
 :func:`machine_info`.  Ratios are always measured side by side, in one run, on the same inputs.
@@ -55,16 +56,6 @@ def timeit(fn: Callable[[], object], warmup: int = 2, repeat: int = 5,
             sync()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
-
-
-def gemm_gflops(n: int = 2048, repeat: int = 3, dtype: torch.dtype = torch.float32,
-                device: str = "cpu") -> float:
-    """This machine's fp32 GEMM rate (GFLOP/s) from ``torch.mm`` n x n: the CPU "peak"."""
-    a = torch.randn(n, n, dtype=dtype, device=device)
-    b = torch.randn(n, n, dtype=dtype, device=device)
-    sync = torch.cuda.synchronize if device == "cuda" else None
-    ms = timeit(lambda: torch.mm(a, b), warmup=1, repeat=repeat, sync=sync)
-    return 2.0 * n ** 3 / (ms * 1e-3) / 1e9
 
 
 def print_table(rows: Sequence[Dict[str, object]], columns: Optional[Sequence[str]] = None) -> None:

@@ -31,6 +31,7 @@ import common  # noqa: E402
 
 import torchrec_ascend.ops as ops  # noqa: E402
 from torchrec_ascend.ops import cpu  # noqa: E402
+from torchrec_ascend.metrics import measure_peak_gemm_flops  # noqa: E402
 from torchrec_ascend.ops.hstu import hstu_mha  # noqa: E402
 
 B, H, D = 64, 4, 64
@@ -133,7 +134,7 @@ def main() -> int:
     if cpu.kernel("hstu_mha_fwd") is None:
         print("csrc extension not built (make build): nothing to compare", file=sys.stderr)
         return 1
-    gflops = common.gemm_gflops()
+    gflops = measure_peak_gemm_flops() / 1e9
     rows = [bench(L, gflops, a.quick) for L in ((256,) if a.quick else (256, 1024))]
     common.print_table(rows, ["max_len", "T", "mean_len", "fused_fwd_ms", "ref_fwd_ms", "fwd_speedup",
                               "fused_fwdbwd_ms", "ref_fwdbwd_ms", "fwdbwd_speedup", "fused_peak_mb",

@@ -38,8 +38,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import (gemm_gflops, heavy_tailed_lengths, print_table,  # noqa: E402
+from benchmarks.common import (heavy_tailed_lengths, print_table,  # noqa: E402
                                timeit, write_json)
+from torchrec_ascend.metrics import measure_peak_gemm_flops  # noqa: E402
 from torchrec_ascend.sampling import (AsyncNegativePrefetcher, MixedSampler,  # noqa: E402
                                       SampledSoftmaxLoss, UniformSampler, half_gemm_is_fast,
                                       half_logits)
@@ -279,7 +280,7 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.perf_counter()
     s = Setup(args.quick)
-    gflops = gemm_gflops(1024 if args.quick else 2048)
+    gflops = measure_peak_gemm_flops(1024 if args.quick else 2048) / 1e9
     print(f"T={s.t} jagged tokens (B={s.batch}, max_len={s.max_len}), D={s.d}, "
           f"items={s.num_items}, fp32 GEMM {gflops:.1f} GFLOP/s")
     sharing = bench_sharing(s, args.quick)

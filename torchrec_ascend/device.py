@@ -51,6 +51,7 @@ __all__ = [
     "gemm_capability",
     "fastest_gemm_dtype",
     "gemm_dtype_is_fast",
+    "process_group_backend",
 ]
 
 ENV_DEVICE = "TORCHREC_ASCEND_DEVICE"
@@ -378,3 +379,13 @@ def gemm_dtype_is_fast(dtype: Union[str, torch.dtype], device: DeviceLike = None
     if dtype not in cap.gflops:
         return False
     return choose_gemm_dtype({torch.float32: cap.gflops[torch.float32], dtype: cap.gflops[dtype]}) == dtype
+def process_group_backend(device: DeviceLike = None) -> str:
+    """``init_process_group`` backend for the device: ``gloo`` on cpu; on npu / cuda gloo for
+    cpu tensors beside HCCL / NCCL for device tensors (``cpu:gloo,npu:hccl``)."""
+    kind = _as_type(device)
+    if kind == "cpu":
+        return "gloo"
+    accel = {"npu": "hccl", "cuda": "nccl"}.get(kind)
+    if accel is None:
+        raise ValueError(f"device {kind!r}: no process-group backend known (npu, cuda, cpu)")
+    return f"cpu:gloo,{kind}:{accel}"

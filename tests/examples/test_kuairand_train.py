@@ -1,5 +1,6 @@
-"""End-to-end tests of examples/kuairand/train.py on a tiny synthetic config (subprocesses), and
-the checkpoint module's atomicity in process."""
+"""examples/kuairand/train.py as a user runs it (subprocesses, a tiny synthetic config):
+outputs, exact resume after kill -9, bad data and bad config (one line, exit 2, the last
+checkpoint untouched).  The library behind it is tested under tests/training/."""
 
 from __future__ import annotations
 
@@ -12,28 +13,28 @@ import sys
 import time
 
 import pytest
-import torch
+
+pytest.importorskip("torchrec")
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EXAMPLE = os.path.join(REPO, "examples", "kuairand")
-TRAIN = os.path.join(EXAMPLE, "train.py")
+TRAIN = os.path.join(REPO, "examples", "kuairand", "train.py")
 METRICS = {"hr@10", "hr@50", "hr@200", "ndcg@10", "ndcg@50", "ndcg@200", "mrr"}
 
 TINY = {
-    "name": "tiny",
     "data": {"source": "synthetic",
              "synthetic": {"num_users": 120, "num_items": 200, "num_clusters": 8, "mean_len": 10,
                            "max_len": 40, "random_log_rows": 20, "seed": 1},
              "positive": {"any_of": ["click"]}, "min_len": 3},
-    "model": {"embedding_dim": 16, "num_layers": 1, "num_heads": 1, "attention_dim": 8,
-              "linear_dim": 8, "max_seq_len": 16, "dropout": 0.1, "sasrec_ffn_dim": 32},
-    "train": {"batch_size": 8, "steps": 8, "lr": 0.001, "sparse_lr": 0.05, "num_negatives": 32,
-              "log_every": 4, "eval_every": 4, "checkpoint_every": 2, "keep_checkpoints": 2,
-              "seed": 0, "threads": 1, "peak_gemm_size": 256},
+    "model": {"embedding_dim": 14, "num_layers": 1, "num_heads": 1, "attention_dim": 8,
+              "linear_dim": 8, "max_seq_len": 16, "dropout": 0.1, "sasrec_ffn_dim": 32,
+              "sasrec_heads": 2},
+    "train": {"batch_size": 8, "steps": 8, "num_negatives": 32, "log_every": 4,
+              "eval_every": 4, "checkpoint_every": 2, "keep_checkpoints": 2, "seed": 0,
+              "threads": 1, "peak_gemm_size": 256},
     "eval": {"batch_size": 64, "eval_users": 40},
     "models": ["hstu"],
 }
-ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
 def write_config(tmp_path, name="tiny.json", **train):
@@ -45,15 +46,15 @@ def write_config(tmp_path, name="tiny.json", **train):
     return str(p)
 
 
-def run(args, timeout=240):
+def run(args, timeout=300):
     return subprocess.run([sys.executable, TRAIN, "--no-progress"] + args, capture_output=True,
                           text=True, timeout=timeout, env=ENV, cwd=REPO)
 
 
 def losses(out, kind="hstu"):
-    """step -> loss from log.jsonl; a step logged twice (before a kill and after the resume)
-    keeps its last value."""
-    rows = [json.loads(l) for l in open(os.path.join(out, kind, "log.jsonl"))]
+    """step -> loss from log.jsonl (a step logged before a kill and after the resume keeps
+    its last value)."""
+    rows = [json.loads(line) for line in open(os.path.join(out, kind, "log.jsonl"))]
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
@@ -80,29 +81,47 @@ def test_end_to_end_outputs(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.load(open(os.path.join(out, "results.json")))
     for name in ("hstu", "sasrec"):
-        met = res["models"][name]["metrics"]
-        assert set(met) == METRICS
-        assert 0 <= met["ndcg@10"] <= met["hr@10"] <= met["hr@50"] <= met["hr@200"] <= 1
-        assert 0 < met["mrr"] <= 1
-        assert res["models"][name]["tokens_per_s"] > 0 and 0 < res["models"][name]["mfu"] < 1
-        # one eval at step 4 (eval_every) and the final one at step 8
-        assert [e["step"] for e in res["models"][name]["evals"]] == [4, 8]
-    assert set(res["baselines"]["most_popular"]) == METRICS
+        m = res["models"][name]
+        for split in ("valid", "test"):
+            met = m[split]
+            assert set(met) == METRICS
+            assert 0 <= met["ndcg@10"] <= met["hr@10"] <= met["hr@50"] <= met["hr@200"] <= 1
+            assert 0 < met["mrr"] <= 1
+        assert m["tokens_per_s"] > 0 and 0 < m["mfu"] < 1
+        # one periodic validation at step 4 (eval_every), the final one at step 8
+        assert [e["step"] for e in m["evals"]] == [4, 8]
+    for split in ("valid", "test"):
+        assert set(res["baselines"]["most_popular"][split]) == METRICS
     assert os.path.getsize(res["plot"]) > 1000
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(out, "tb", "hstu")))
-    for word in ("plot: ", "most_popular", "sasrec", "MFU", "tokens/s"):
+    for word in ("plot: ", "most_popular", "sasrec", "MFU", "tokens/s", "leave-two-out"):
         assert word in r.stdout, word
+    # the console is clean: no warning from TorchRec, DDP or our code
+    for word in ("Warning", "TopologyFactory", "broadcast_buffers"):
+        assert word not in r.stderr, r.stderr
     ck = os.path.join(out, "hstu", "checkpoints")
     assert open(os.path.join(ck, "LATEST")).read().strip() == "step_00000008"
     assert sorted(d for d in os.listdir(ck) if d.startswith("step_")) == ["step_00000006", "step_00000008"]
 
 
+def test_bad_config_exits_2_and_writes_nothing(tmp_path):
+    cfg = write_config(tmp_path)
+    out = tmp_path / "out"
+    (out / "hstu" / "checkpoints").mkdir(parents=True)
+    (out / "hstu" / "checkpoints" / "LATEST").write_text("step_00000002\n")
+    before = tree_digest(str(out))
+    r = run(["--config", cfg, "--out", str(out), "--set", "model.embedding_dim=0"])
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert r.stderr.strip() == "error: bad config: model.embedding_dim: 0 is not an integer >= 1"
+    assert tree_digest(str(out)) == before
+
+
 @pytest.mark.slow
 def test_kill9_resume_equals_uninterrupted_and_bad_run_keeps_checkpoint(tmp_path):
-    """SIGKILL a run after its step-4 checkpoint; a later run that crashes on bad data (with a
+    """SIGKILL a run after its step-4 checkpoint; a later run that fails on bad data (with a
     half-written save lying around) leaves the last checkpoint byte-identical; ``--resume``
     then continues with the same data order: every step's loss and the final metrics equal an
-    uninterrupted run of the same length."""
+    uninterrupted run of the same length (bit for bit: same operations in the same order)."""
     cfg = write_config(tmp_path, eval_every=0)
     b = str(tmp_path / "b")
     p = subprocess.Popen([sys.executable, TRAIN, "--no-progress", "--config", cfg, "--out", b,
@@ -124,7 +143,6 @@ def test_kill9_resume_equals_uninterrupted_and_bad_run_keeps_checkpoint(tmp_path
     assert killed_at >= 4
     good = tree_digest(os.path.join(ck, latest))
 
-    # a save killed midway, then a run that fails on a non-numeric id
     partial = os.path.join(ck, f"step_{killed_at + 2:08d}.tmp-save")
     os.makedirs(partial, exist_ok=True)
     open(os.path.join(partial, "__0_0.distcp"), "w").write("partial")
@@ -137,13 +155,13 @@ def test_kill9_resume_equals_uninterrupted_and_bad_run_keeps_checkpoint(tmp_path
     rows[3] = rows[3].replace(",12,", ",v12,", 1)  # data row 3: video_id
     bad_csv.write_text("\n".join(rows) + "\n")
     bad = json.load(open(cfg))
-    bad["data"] = {"source": "files", "files": [str(bad_csv)], "cache_dir": str(tmp_path / "cache")}
+    bad["data"] = {"source": "kuairand", "files": [str(bad_csv)], "cache_dir": str(tmp_path / "cache")}
     badp = tmp_path / "bad.json"
     badp.write_text(json.dumps(bad))
     r = run(["--config", str(badp), "--out", b, "--resume"])
     assert r.returncode == 2, r.stderr[-3000:]
     assert str(bad_csv) in r.stderr and "row 3" in r.stderr and "'video_id'" in r.stderr
-    assert "Traceback" not in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert open(os.path.join(ck, "LATEST")).read().strip() == latest
     assert tree_digest(os.path.join(ck, latest)) == good
 
@@ -159,73 +177,7 @@ def test_kill9_resume_equals_uninterrupted_and_bad_run_keeps_checkpoint(tmp_path
     want, got = losses(a), losses(b)
     assert sorted(want) == list(range(1, total + 1)) and sorted(got) == sorted(want)
     for s in want:
-        assert got[s] == pytest.approx(want[s], rel=1e-5, abs=1e-6), s
-    ma = json.load(open(os.path.join(a, "results.json")))["models"]["hstu"]["metrics"]
-    mb = json.load(open(os.path.join(b, "results.json")))["models"]["hstu"]["metrics"]
-    assert mb == pytest.approx(ma, rel=1e-5, abs=1e-6)
-
-
-@pytest.mark.slow
-def test_torchrun_two_ranks(tmp_path):
-    cfg = write_config(tmp_path, steps=4, eval_every=0, checkpoint_every=4)
-    out = str(tmp_path / "out")
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                        "--master_port=29637", TRAIN, "--no-progress", "--config", cfg,
-                        "--out", out], capture_output=True, text=True, timeout=300, env=ENV, cwd=REPO)
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.load(open(os.path.join(out, "results.json")))
-    assert res["world_size"] == 2
-    assert "row_wise on 2 rank(s)" in r.stdout
-    met = res["models"]["hstu"]["metrics"]
-    assert set(met) == METRICS and 0 < met["mrr"] <= 1
-    # the sharded checkpoint holds both ranks' shards
-    ck = os.path.join(out, "hstu", "checkpoints", "step_00000004")
-    assert sorted(f for f in os.listdir(ck) if f.endswith(".distcp")) == ["__0_0.distcp", "__1_0.distcp"]
-
-
-# -- the checkpoint module in process ------------------------------------------------------------
-@pytest.fixture
-def ckpt_module():
-    sys.path.insert(0, EXAMPLE)
-    try:
-        import kuairand_ckpt
-
-        yield kuairand_ckpt
-    finally:
-        sys.path.remove(EXAMPLE)
-
-
-def test_checkpoint_save_failure_keeps_last_good(tmp_path, ckpt_module, monkeypatch):
-    ck = ckpt_module
-    model = torch.nn.Linear(4, 3)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    model(torch.randn(2, 4)).sum().backward()
-    opt.step()
-    root = str(tmp_path)
-    first = ck.save(root, 2, model, opt, {"note": "a"})
-    saved = {k: v.clone() for k, v in model.state_dict().items()}
-    with torch.no_grad():
-        model.weight.add_(1.0)
-
-    def boom(*a, **k):
-        raise OSError("disk full")
-
-    # the save dies after every file was written, before the rename that publishes it
-    monkeypatch.setattr(ck, "_fsync_tree", boom)
-    with pytest.raises(OSError, match="disk full"):
-        ck.save(root, 4, model, opt, {"note": "b"})
-    monkeypatch.undo()
-    assert ck.latest(root) == first
-    assert os.path.isdir(os.path.join(root, "checkpoints", "step_00000004.tmp-save"))
-    assert not os.path.exists(os.path.join(root, "checkpoints", "step_00000004"))
-    # LATEST naming a damaged folder falls back to the newest complete one
-    open(os.path.join(root, "checkpoints", "LATEST"), "w").write("step_00000004\n")
-    assert ck.latest(root) == first
-    state = ck.load(first, model, opt)
-    assert state["step"] == 2 and state["note"] == "a"
-    for k, v in model.state_dict().items():
-        assert torch.equal(v, saved[k]), k
-    # the next successful save replaces the leftover temporary folder
-    ck.save(root, 4, model, opt, {"note": "c"})
-    assert ck.latest(root).endswith("step_00000004")
-    assert not os.path.exists(os.path.join(root, "checkpoints", "step_00000004.tmp-save"))
+        assert got[s] == want[s], s
+    ma = json.load(open(os.path.join(a, "results.json")))["models"]["hstu"]
+    mb = json.load(open(os.path.join(b, "results.json")))["models"]["hstu"]
+    assert mb["valid"] == ma["valid"] and mb["test"] == ma["test"]

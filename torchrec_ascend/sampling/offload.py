@@ -53,7 +53,7 @@ class PrefetchedNegatives:
     """One step's negatives.
 
     Attributes:
-        step: the step index (0, 1, ... in submission order).
+        step: the step index (``start_step``, ``start_step + 1``, ... in submission order).
         negatives: the shared pool (ids ``[R]``) on the target device.
         neg_emb: ``lookup_fn(negatives.ids)`` (``[R, D]``), or None without ``lookup_fn``.
         extra_negatives: per-token negatives (ids ``[T, K]``) when ``per_token_negatives > 0``.
@@ -81,6 +81,7 @@ class AsyncNegativePrefetcher:
         lookup_in_background: run ``lookup_fn`` with the sampling (default: in the worker, one
             step ahead) or in :meth:`get` on the caller's thread (fresh table values).
         max_pending: how many steps may be submitted and not yet fetched (>= 1).
+        start_step: index of the first submitted step (a resumed run continues the sequence).
 
     Use::
 
@@ -93,7 +94,7 @@ class AsyncNegativePrefetcher:
                  lookup_fn: Optional[LookupFn] = None, per_token_negatives: int = 0,
                  seed: int = 0, device: Union[str, torch.device, None] = None,
                  asynchronous: bool = True, lookup_in_background: bool = True,
-                 max_pending: int = 2) -> None:
+                 max_pending: int = 2, start_step: int = 0) -> None:
         if not isinstance(sampler, NegativeSampler):
             raise ValueError(f"sampler: expected a NegativeSampler, got {type(sampler).__name__}")
         self.sampler = sampler
@@ -112,7 +113,9 @@ class AsyncNegativePrefetcher:
             cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="negative-prefetch")
             if asynchronous else None)
         self._pending: Deque[Tuple[int, "cf.Future[Tuple[PrefetchedNegatives, object]]"]] = collections.deque()
-        self._next_step = 0
+        if isinstance(start_step, bool) or int(start_step) != start_step or start_step < 0:
+            raise ValueError(f"start_step: must be an integer >= 0, got {start_step!r}")
+        self._next_step = int(start_step)
         self._closed = False
 
     # -- work --------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Atomic, resumable checkpoints: sharded state through ``torch.distributed.checkpoint``.
 
-Layout under ``<out>/checkpoints/``::
+Layout under ``<root>/checkpoints/`` (the trainer's ``root`` is ``<out>/<model>``)::
 
     step_00000200/          a complete checkpoint (DCP files + trainer.pt)
     step_00000400.tmp-*/    a save in progress (or killed): never read
@@ -8,9 +8,12 @@ Layout under ``<out>/checkpoints/``::
 
 A save writes everything into a ``.tmp-*`` folder (DCP: the model's sharded state dict, including
 the ``ShardedTensor`` item table, and the fused sparse optimizer's sharded state; ``trainer.pt``
-from rank 0: dense optimizer, step, RNG-free trainer state), fsyncs, then rank 0 renames the
+from rank 0: dense optimizer, step, the trainer's history), fsyncs, then rank 0 renames the
 folder (atomic on POSIX) and rewrites ``LATEST`` through a temporary file + ``os.replace``.  A
 process killed at any moment leaves the previous complete checkpoint and ``LATEST`` untouched.
+
+Exact resume: the trainer's data order, negatives and dropout are functions of the step
+(:mod:`.batches`), so a run resumed from step ``s`` continues as if never stopped.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from typing import Any, Dict, Optional
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+
+__all__ = ["save", "load", "latest", "sharded_state", "LATEST", "TRAINER_FILE"]
 
 LATEST = "LATEST"
 TRAINER_FILE = "trainer.pt"

@@ -1,0 +1,123 @@
+"""The Trainer end to end in process groups: world sizes, balance modes, planners and devices
+give the same training (losses within 1e-5), because the global batch, the negative pool and
+the loss scale are functions of the step and the gradients are summed over ranks."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("torchrec")
+
+from torchrec_ascend import device as _device  # noqa: E402
+from torchrec_ascend.datasets import Sequences  # noqa: E402
+from torchrec_ascend.testing import simulated_npu  # noqa: E402
+from torchrec_ascend.testing.multiprocess import run_multiprocess  # noqa: E402
+from torchrec_ascend.training import Trainer, config_from_dict, leave_two_out  # noqa: E402
+from torchrec_ascend.training.distributed import init_distributed  # noqa: E402
+
+STEPS = 4
+TOL = 1e-5
+
+
+def tiny_sequences(num_users: int = 40, num_items: int = 60, seed: int = 0) -> Sequences:
+    """Random positive sequences (3..24 events per user), integer-second times in ms."""
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(3, 25, num_users)
+    off = np.zeros(num_users + 1, dtype=np.int64)
+    np.cumsum(lens, out=off[1:])
+    items = rng.integers(0, num_items, off[-1])
+    times = np.concatenate([np.cumsum(rng.integers(1, 5000, n)) for n in lens]) * 1000
+    actions = rng.integers(0, 256, off[-1]).astype(np.uint8)
+    return Sequences(items.astype(np.int64), times.astype(np.int64), actions, off,
+                     np.arange(num_users, dtype=np.int64), num_items)
+
+
+def tiny_config(dropout: float = 0.1, **train):
+    t = {"batch_size": 8, "steps": STEPS, "num_negatives": 16, "log_every": 2, "seed": 3,
+         "peak_gemm_size": 64, "prefetch": True}
+    t.update(train)
+    return config_from_dict({
+        "data": {"source": "table", "files": ["unused.csv"]},
+        "model": {"embedding_dim": 10, "num_layers": 1, "num_heads": 2, "attention_dim": 4,
+                  "linear_dim": 4, "max_seq_len": 12, "dropout": dropout},
+        "train": t, "eval": {"batch_size": 16, "ks": [5, 20], "metric": "ndcg@5"}})
+
+
+def train_run(out: str, device_type: str = "cpu", kind: str = "hstu", **train) -> dict:
+    """Train on the tiny data in the current process group; losses and final metrics."""
+    if device_type != "cpu":
+        os.environ[_device.ENV_DEVICE] = device_type
+    env = init_distributed(device_type)
+    cfg = tiny_config(**train)
+    trainer = Trainer(cfg, leave_two_out(tiny_sequences()), env, out, kind, peak_flops=1e9,
+                      progress=False, log=lambda _m: None)
+    res = trainer.fit()
+    losses = [v for _, v in trainer.histories[kind]["loss"]]
+    return {"losses": losses, "valid": res["valid"], "test": res["test"],
+            "device": str(next(trainer.model.head.parameters()).device.type),
+            "sharding": res["sharding"], "world": env.world_size}
+
+
+def _worker(rank: int, world: int, out: str, device_type: str, runs: list) -> list:
+    """Every run of ``runs`` (train keyword arguments) in turn, in this process group."""
+    return [train_run(os.path.join(out, f"run{i}-r{rank}"), device_type, **train)
+            for i, train in enumerate(runs)]
+
+
+def _run(tmp_path, world: int, runs: list, device_type: str = "cpu") -> list:
+    return run_multiprocess(_worker, world, (str(tmp_path), device_type, runs),
+                            device_type=device_type)[0]
+
+
+def _same(a: dict, b: dict) -> None:
+    assert len(a["losses"]) == len(b["losses"]) == STEPS
+    np.testing.assert_allclose(a["losses"], b["losses"], rtol=TOL, atol=TOL)
+    for split in ("valid", "test"):
+        for k, v in a[split].items():
+            assert b[split][k] == pytest.approx(v, abs=1e-4), (split, k)
+
+
+NO_DROPOUT = {"batch_size": 8, "dropout": 0.0}
+DROPOUT = {"batch_size": 8, "dropout": 0.1}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One process on cpu: the runs every other test compares with."""
+    return _run(tmp_path_factory.mktemp("ref"), 1, [NO_DROPOUT, DROPOUT])
+
+
+def test_single_process_trains(reference):
+    for r in reference:
+        assert len(r["losses"]) == STEPS and all(np.isfinite(r["losses"]))
+        assert r["sharding"] == "row_wise" and r["device"] == "cpu" and r["world"] == 1
+        assert 0 < r["valid"]["mrr"] <= 1 and 0 < r["test"]["mrr"] <= 1
+    # dropout changes the losses (the comparison below is not vacuous)
+    assert abs(reference[0]["losses"][-1] - reference[1]["losses"][-1]) > 1e-3
+
+
+@pytest.mark.slow
+def test_two_ranks_equal_one_process(tmp_path, reference):
+    """World 2 x batch 4 == world 1 x batch 8 (the same global batch): losses within 1e-5,
+    also with the all_to_all balancer + the hierarchical planner and with the collator
+    balancer.  Dropout 0: dropout masks are drawn per rank (with dropout, world sizes agree in
+    distribution only)."""
+    half = {"batch_size": 4, "dropout": 0.0}
+    runs = _run(tmp_path, 2, [half, dict(half, balance="all_to_all", planner="hierarchical"),
+                              dict(half, balance="collator")])
+    for r in runs:
+        assert r["world"] == 2
+        _same(reference[0], r)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (_device.torch_npu_available() or simulated_npu.available()),
+                    reason="needs torch_npu or the built simulated npu")
+def test_simulated_npu_matches_cpu(tmp_path, reference):
+    (npu,) = _run(tmp_path, 1, [DROPOUT], device_type="npu")
+    assert npu["device"] == "npu"
+    _same(reference[1], npu)

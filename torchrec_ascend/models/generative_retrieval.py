@@ -1,0 +1,181 @@
+"""The generative-retrieval model: item ``EmbeddingCollection`` + optional action features + a
+sequence encoder (HSTU from :mod:`torchrec_ascend.modules`, or the SASRec baseline) + sampled
+softmax over a shared negative pool.
+
+    model = GenerativeRetrieval(num_items, ModelConfig(embedding_dim=50), encoder="hstu")
+    loss, (loss_value, stats) = model(batch)        # batch: SequenceBatch with kjt
+
+Structure (what TorchRec's train pipelines need): ``model.ec`` is the only sparse module (one
+table ``item_table``, features ``item`` = the sequences and ``neg`` = the negative pool, so one
+sharded lookup serves both); ``model.head`` (:class:`SequenceHead`) holds every dense parameter
+and contains no sparse module, so the pipeline's tracer treats it as a leaf and the model's
+``forward`` is ``head(ec(batch.kjt), batch)``.
+
+The table has :attr:`ModelConfig.table_dim` columns (4-aligned for fbgemm); the head uses the
+first ``embedding_dim``.  Output ``i`` of a sequence is trained to retrieve item ``i + 1``.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import nn
+from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
+
+from ..datasets.schema import ACTION_BITS
+from ..metrics.flops import sampled_softmax_flops
+from ..modules.hstu import HSTUEncoder
+from ..sampling import NegativeSample, SampledSoftmaxLoss
+from .batch import SequenceBatch, query_positions
+from .config import ENCODERS, ModelConfig
+from .sasrec import SASRecEncoder
+
+__all__ = ["GenerativeRetrieval", "SequenceHead", "build_encoder", "NUM_ACTIONS", "TABLE",
+           "action_features", "item_kjt", "init_item_table"]
+
+NUM_ACTIONS = len(ACTION_BITS)   # one byte of action bits per event
+TABLE = "item_table"
+
+
+def action_features(actions: torch.Tensor) -> torch.Tensor:
+    """uint8 action bits ``[T]`` -> float ``[T, 8]`` of 0/1."""
+    shifts = torch.arange(NUM_ACTIONS, device=actions.device)
+    return ((actions.to(torch.int64)[:, None] >> shifts) & 1).to(torch.float32)
+
+
+def item_kjt(items: torch.Tensor, lengths: torch.Tensor,
+             negatives: Optional[torch.Tensor] = None) -> KeyedJaggedTensor:
+    """The model's KJT: ``item`` = the sequences, ``neg`` = ``negatives`` in row 0 (or none)."""
+    neg = negatives if negatives is not None else items.new_zeros(0)
+    neg_len = torch.zeros_like(lengths)
+    if lengths.numel():
+        neg_len[0] = neg.numel()
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=["item", "neg"], values=torch.cat([items, neg.to(items.dtype)]),
+        lengths=torch.cat([lengths, neg_len]))
+
+
+def _local_pieces(value: object):
+    """(row offset, column offset, tensor) of each local piece of a (sharded) weight."""
+    if hasattr(value, "local_shards"):
+        return [(int(sh.metadata.shard_offsets[0]), int(sh.metadata.shard_offsets[1]), sh.tensor)
+                for sh in value.local_shards()]  # type: ignore[attr-defined]
+    return [(0, 0, value)]
+
+
+@torch.no_grad()
+def init_item_table(model: nn.Module, num_items: int, dim: int, seed: int,
+                    block_rows: int = 4096) -> None:
+    """Initialise the item table of ``model`` (sharded or not) as a function of the global row:
+    rows ``[k B, (k + 1) B)`` are drawn uniform in ``+-sqrt(1 / num_items)`` (TorchRec's
+    default range) from a generator seeded by ``(seed, k)``, so every sharding and world size
+    starts from the same table (each rank draws only the blocks its shards overlap).
+    ``num_items`` x ``dim``: the table's global shape."""
+    weight = None
+    for key, value in model.state_dict().items():
+        if key.endswith(f"embeddings.{TABLE}.weight"):
+            weight = value
+    if weight is None:
+        raise ValueError(f"model: no {TABLE} weight in its state dict")
+    num_rows = int(num_items)
+    bound = (1.0 / num_rows) ** 0.5
+    for r0, c0, t in _local_pieces(weight):
+        rows = t.shape[0]
+        for k in range(r0 // block_rows, (r0 + rows + block_rows - 1) // block_rows):
+            g = torch.Generator().manual_seed(int(seed) * 1_000_003 + k)
+            lo, hi = k * block_rows, min((k + 1) * block_rows, num_rows)
+            blk = torch.empty(hi - lo, dim).uniform_(-bound, bound, generator=g)
+            a, b = max(lo, r0), min(hi, r0 + rows)
+            t[a - r0:b - r0].copy_(blk[a - lo:b - lo, c0:c0 + t.shape[1]].to(t.dtype))
+
+
+def build_encoder(kind: str, cfg: ModelConfig) -> nn.Module:
+    """``hstu`` (:class:`~torchrec_ascend.modules.hstu.HSTUEncoder`) or ``sasrec``."""
+    if kind == "hstu":
+        return HSTUEncoder(cfg.embedding_dim, cfg.num_layers, cfg.num_heads, cfg.attention_dim,
+                           cfg.linear_dim, cfg.max_seq_len, dropout=cfg.dropout,
+                           attn_alpha=cfg.attn_alpha, normalization=cfg.normalization,
+                           use_time_bias=cfg.use_time_bias,
+                           num_time_buckets=cfg.num_time_buckets)
+    if kind == "sasrec":
+        return SASRecEncoder(cfg.embedding_dim, cfg.num_layers, cfg.sasrec_num_heads,
+                             cfg.sasrec_ffn, cfg.max_seq_len, dropout=cfg.dropout)
+    raise ValueError(f"encoder: {kind!r} is not one of {list(ENCODERS)}")
+
+
+class SequenceHead(nn.Module):
+    """Everything after the embedding lookup: actions projection, encoder, sampled softmax."""
+
+    def __init__(self, cfg: ModelConfig, encoder: str = "hstu", temperature: float = 0.05) -> None:
+        super().__init__()
+        self.cfg, self.kind = cfg, encoder
+        self.embedding_dim = cfg.embedding_dim
+        self.action_proj = (nn.Linear(NUM_ACTIONS, cfg.embedding_dim, bias=False)
+                            if cfg.use_actions else None)
+        self.encoder = build_encoder(encoder, cfg)
+        self.loss_fn = SampledSoftmaxLoss(temperature=temperature, reduction="sum")
+
+    def encode(self, item_emb: torch.Tensor, offsets: torch.Tensor, timestamps: torch.Tensor,
+               actions: torch.Tensor) -> torch.Tensor:
+        """Item embeddings ``[T, D]`` (+ actions) -> unit-norm sequence embeddings ``[T, D]``."""
+        x = item_emb[:, :self.embedding_dim]
+        if self.action_proj is not None:
+            x = x + self.action_proj(action_features(actions))
+        return self.encoder(x, offsets, timestamps)
+
+    def forward(self, lookups: Dict[str, object], batch: SequenceBatch
+                ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        """``(loss, (loss.detach(), stats))``: ``loss`` = sum of the queries' losses times
+        ``batch.loss_scale``; ``stats`` = float64 cpu ``[queries, tokens, step FLOPs]`` (forward
+        + backward matmul FLOPs of this batch, for MFU)."""
+        if batch.pos_log_q is None or batch.neg_log_q is None or batch.loss_scale is None:
+            raise ValueError("batch: a training batch needs pos_log_q, neg_log_q and loss_scale")
+        emb = lookups["item"].values()[:, :self.embedding_dim]  # type: ignore[attr-defined]
+        neg_emb = lookups["neg"].values()[:, :self.embedding_dim]  # type: ignore[attr-defined]
+        items = batch.kjt["item"].values()  # type: ignore[index]
+        neg_ids = batch.kjt["neg"].values()  # type: ignore[index]
+        seq = self.encode(emb, batch.offsets, batch.timestamps, batch.actions)
+        q = query_positions(batch.offsets, items.numel())
+        sample = NegativeSample(neg_ids, batch.neg_log_q, batch.pos_log_q[q])
+        loss = self.loss_fn(seq[q], items[q + 1], emb[q + 1], sample, neg_emb) * batch.loss_scale
+        stats = torch.tensor([float(q.numel()), float(items.numel()),
+                              self.step_flops(batch.offsets, int(neg_ids.numel()))],
+                             dtype=torch.float64)
+        return loss, (loss.detach(), stats)
+
+    def step_flops(self, offsets: torch.Tensor, num_negatives: int) -> float:
+        """Forward + backward matmul FLOPs of one training step on this rank's batch."""
+        lengths = offsets[1:] - offsets[:-1]
+        queries = int((lengths - 1).clamp(min=0).sum())
+        return (float(self.encoder.flops(offsets, backward=True))
+                + 3.0 * sampled_softmax_flops(queries, self.embedding_dim, num_negatives))
+
+
+class GenerativeRetrieval(nn.Module):
+    """Sharded item embeddings + :class:`SequenceHead` (see the module docstring).
+
+    Args:
+        num_items: rows of the item table (the corpus).
+        cfg: sizes (:class:`~torchrec_ascend.models.config.ModelConfig`).
+        encoder: ``"hstu"`` or ``"sasrec"``.
+        temperature: of the sampled softmax.
+        device: where the table is created (``meta``: DistributedModelParallel materialises
+            the shards on the training device).
+    """
+
+    def __init__(self, num_items: int, cfg: ModelConfig, encoder: str = "hstu",
+                 temperature: float = 0.05, device: torch.device = torch.device("meta")) -> None:
+        super().__init__()
+        if num_items < 1:
+            raise ValueError(f"num_items: must be >= 1, got {num_items}")
+        self.num_items, self.cfg, self.kind = int(num_items), cfg, encoder
+        self.ec = EmbeddingCollection(
+            tables=[EmbeddingConfig(name=TABLE, embedding_dim=cfg.table_dim,
+                                    num_embeddings=num_items, feature_names=["item", "neg"])],
+            device=device)
+        self.head = SequenceHead(cfg, encoder, temperature)
+
+    def forward(self, batch: SequenceBatch):
+        """Training loss of one batch: ``(loss, (loss.detach(), stats))`` (:class:`SequenceHead`)."""
+        return self.head(self.ec(batch.kjt), batch)

@@ -1,0 +1,184 @@
+"""Deterministic training batches: the global batch of a step, each rank's slice of it, the
+shared negative pool (sampled one step ahead by the sampler's prefetcher) and the loss scale.
+
+Order: step ``s`` uses epoch ``s // S`` and slot ``s % S`` (``S`` = trainable users // global
+batch, global batch = ``batch_size x world`` users); an epoch is a permutation of the trainable
+users seeded by ``(seed, epoch)``.  Every rank computes the same global batch, so:
+
+* the rank's share is a pure function of ``(seed, step, rank)`` (``balance="none"``: the
+  ``rank``-th contiguous ``batch_size`` users; ``"collator"``: the users the
+  :class:`~torchrec_ascend.distributed.load_balance.CollatorBalancer` assigns to the rank by
+  cost; ``"all_to_all"``: the contiguous slice, then moved between ranks by the
+  :class:`~torchrec_ascend.distributed.load_balance.AllToAllBalancer` -- a collective);
+* the negative pool is sampled once per step from the *global* batch's positives with
+  :func:`torchrec_ascend.sampling.step_generator` ``(seed, step)`` and shared by all ranks;
+* each rank's loss is scaled by 1 / (queries of the global batch); with gradients summed over
+  ranks (:class:`~.distributed.SumDataParallelWrapper`) the step equals a single-process step on
+  the global batch, for any world size and balance mode.
+
+So a resumed run (from ``start``) sees exactly the batches and negatives it would have seen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterator, Optional
+
+import numpy as np
+import torch
+
+from ..models.batch import SequenceBatch
+from ..models.config import ModelConfig
+from ..models.generative_retrieval import item_kjt
+from ..sampling import AsyncNegativePrefetcher, NegativeSample, NegativeSampler
+from .config import ConfigError
+from .split import Split, _ranges
+
+__all__ = ["BatchOrder", "GlobalBatch", "BatchBuilder", "cost_model_for"]
+
+
+class BatchOrder:
+    """The global batch of every step (module docstring)."""
+
+    def __init__(self, users: np.ndarray, global_batch: int, seed: int) -> None:
+        self.users = np.asarray(users, dtype=np.int64)
+        self.global_batch, self.seed = int(global_batch), int(seed)
+        self.steps_per_epoch = len(self.users) // self.global_batch
+        if self.steps_per_epoch == 0:
+            raise ConfigError("train.batch_size", f"a global batch of {self.global_batch} users "
+                             f"(batch_size x ranks) exceeds the {len(self.users)} trainable users")
+
+    def global_users(self, step: int) -> np.ndarray:
+        epoch, slot = divmod(int(step), self.steps_per_epoch)
+        perm = np.random.default_rng([self.seed, epoch]).permutation(self.users)
+        return perm[slot * self.global_batch:(slot + 1) * self.global_batch]
+
+
+@dataclass
+class GlobalBatch:
+    """One step's global batch: users, token indices into the split, offsets, the query
+    targets (the pool is sampled from them) and the number of queries."""
+
+    step: int
+    users: np.ndarray
+    tokens: np.ndarray
+    offsets: np.ndarray
+    query_tokens: np.ndarray  # positions (in the global token order) that have a next item
+    pos_ids: torch.Tensor
+
+    @property
+    def num_queries(self) -> int:
+        return int(self.query_tokens.size)
+
+
+def cost_model_for(kind: str, cfg: ModelConfig):
+    """The load balancer's cost model of an encoder: FLOP-proportional ``a n + b n^2``."""
+    from ..distributed.load_balance import HSTUCostModel
+
+    if kind == "hstu":
+        return HSTUCostModel.from_flops(cfg.num_layers, cfg.embedding_dim, cfg.num_heads,
+                                        cfg.attention_dim, cfg.linear_dim, backward=True)
+    d, f = cfg.embedding_dim, cfg.sasrec_ffn
+    return HSTUCostModel(3.0 * cfg.num_layers * (8 * d * d + 4 * d * f + 2 * d),
+                         3.0 * cfg.num_layers * 2 * d)
+
+
+class BatchBuilder:
+    """Builds this rank's :class:`~torchrec_ascend.models.batch.SequenceBatch` of each step.
+
+    Args:
+        split: the data; max_len: the window (most recent items); batch_size: per rank;
+        rank / world: this process; seed; sampler / num_negatives: the shared pool;
+        balance: ``none`` | ``collator`` | ``all_to_all``; cost_model: the balancer's
+        (required unless ``none``); prefetch: sample the next step's pool in a thread.
+    """
+
+    def __init__(self, split: Split, max_len: int, batch_size: int, rank: int, world: int,
+                 seed: int, sampler: NegativeSampler, num_negatives: int, balance: str = "none",
+                 cost_model: Optional[object] = None, prefetch: bool = True) -> None:
+        from ..distributed.load_balance import build_balancer
+
+        self.split, self.max_len, self.batch_size = split, int(max_len), int(batch_size)
+        self.rank, self.world, self.seed = int(rank), int(world), int(seed)
+        self.sampler, self.num_negatives, self.prefetch = sampler, int(num_negatives), prefetch
+        self.order = BatchOrder(split.trainable_users(), self.batch_size * self.world, seed)
+        self.balance = balance
+        self.balancer = build_balancer(balance, cost_model)
+        self._prefetcher: Optional[AsyncNegativePrefetcher] = None
+        self._pending: Dict[int, GlobalBatch] = {}
+
+    # ----------------------------------------------------------------- pieces
+    def global_batch(self, step: int) -> GlobalBatch:
+        users = self.order.global_users(step)
+        tokens, offsets = self.split.train_windows(users, self.max_len)
+        is_last = np.zeros(tokens.size, dtype=bool)
+        is_last[offsets[1:] - 1] = True
+        q = np.flatnonzero(~is_last)
+        pos = torch.from_numpy(self.split.items[tokens[q + 1]])
+        return GlobalBatch(int(step), users, tokens, offsets, q, pos)
+
+    def rank_rows(self, gb: GlobalBatch) -> np.ndarray:
+        """Rows of the global batch this rank builds (before any all_to_all)."""
+        if self.balance == "collator":
+            lengths = torch.from_numpy(np.diff(gb.offsets))
+            return self.balancer.select(lengths, self.rank, self.world).numpy()  # type: ignore
+        b = self.batch_size
+        return np.arange(self.rank * b, (self.rank + 1) * b)
+
+    def build(self, gb: GlobalBatch, neg: NegativeSample) -> SequenceBatch:
+        """This rank's batch of ``gb`` with the shared pool ``neg`` (sampled from
+        ``gb.pos_ids``)."""
+        pos_lq = np.zeros(gb.tokens.size, dtype=np.float32)
+        pos_lq[gb.query_tokens] = neg.pos_log_q.detach().cpu().numpy()
+        rows = self.rank_rows(gb)
+        sel = _ranges(gb.offsets[rows], gb.offsets[rows + 1])
+        tok = gb.tokens[sel]
+        lengths = torch.from_numpy(np.diff(gb.offsets)[rows])
+        s = self.split
+        items = torch.from_numpy(s.items[tok])
+        times = torch.from_numpy(s.times[tok])
+        actions = torch.from_numpy(s.actions[tok])
+        plq = torch.from_numpy(pos_lq[sel])
+        users = torch.from_numpy(gb.users[rows])
+        if self.balance == "all_to_all":
+            bb = self.balancer.balance(  # type: ignore[union-attr]
+                lengths, {"items": items, "timestamps": times, "actions": actions,
+                          "pos_log_q": plq}, {"users": users})
+            lengths = bb.lengths
+            items, times = bb.token_fields["items"], bb.token_fields["timestamps"]
+            actions, plq = bb.token_fields["actions"], bb.token_fields["pos_log_q"]
+            users = bb.sample_fields["users"]
+        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        return SequenceBatch(
+            items=items, offsets=offsets, timestamps=times, actions=actions, users=users,
+            kjt=item_kjt(items, lengths, neg.ids), pos_log_q=plq,
+            neg_log_q=neg.log_q.to(torch.float32),
+            loss_scale=torch.tensor(1.0 / max(gb.num_queries, 1), dtype=torch.float32))
+
+    # ----------------------------------------------------------------- the stream
+    def _pool(self, start: int) -> AsyncNegativePrefetcher:
+        if self._prefetcher is None:
+            self._prefetcher = AsyncNegativePrefetcher(
+                self.sampler, self.num_negatives, seed=self.seed, device="cpu",
+                asynchronous=self.prefetch, start_step=start)
+        return self._prefetcher
+
+    def _submit(self, step: int) -> torch.Tensor:
+        gb = self.global_batch(step)
+        self._pending[step] = gb
+        return gb.pos_ids
+
+    def stream(self, start: int, stop: int) -> Iterator[SequenceBatch]:
+        """The batches of steps ``[start, stop)``; consecutive calls must continue where the
+        previous one stopped (the prefetcher's step counter follows the global step)."""
+        pf = self._pool(start)
+        for step, neg in pf.prefetch(range(start, stop), self._submit):
+            if neg.step != step:
+                raise RuntimeError(f"negative pool of step {neg.step} delivered for step {step}")
+            yield self.build(self._pending.pop(step), neg.negatives)
+
+    def close(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None

@@ -1,0 +1,168 @@
+"""Leave-two-out split and the sequence windows the trainer and the evaluator read.
+
+Each user's positive sequence ``p_0 .. p_{n-1}`` (``n >= 3``, time order):
+
+* **training** sees ``p_0 .. p_{n-3}`` only (a user needs two of them to give a query);
+* **validation** target ``p_{n-2}``, history ``p_0 .. p_{n-3}``;
+* **test** target ``p_{n-1}``, history ``p_0 .. p_{n-2}`` (the validation item is history).
+
+Training never sees a validation or test item as an input or a target; periodic evaluation,
+early stopping and model choices use validation only; the test is computed once at the end.
+
+Time bias at evaluation (issue 16): in training the query at position ``i`` attends with the
+time of its *target* (``ts[i + 1]``: HSTU's relative time bias).  At serving time the request
+time is known, so evaluation does the same: the input is the most recent ``max_len - 1``
+history items followed by a **request token** carrying the target's timestamp (its item is the
+last history item and its action bits are zero; causal attention keeps it out of every earlier
+position, so only its timestamp matters) and the query is the position before it -- exactly
+the shape of a training window's last query.  docs/training.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Tuple
+
+import numpy as np
+
+from ..datasets import Sequences
+
+__all__ = ["Split", "leave_two_out", "EVAL_SPLITS"]
+
+EVAL_SPLITS = ("valid", "test")
+
+
+def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, e)`` for every pair (vectorised)."""
+    lens = np.maximum(ends - starts, 0)
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    first = np.repeat(starts - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
+    return first + np.arange(total, dtype=np.int64)
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    off = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=off[1:])
+    return off
+
+
+@dataclass
+class Split:
+    """Training prefixes (jagged) and each user's validation and test target.
+
+    ``items`` / ``times`` (seconds) / ``actions`` (uint8 bits) / ``offsets [U + 1]``: the
+    training prefixes.  ``valid_*`` / ``test_*`` ``[U]``: the held-out items, their times and
+    action bits."""
+
+    items: np.ndarray
+    times: np.ndarray
+    actions: np.ndarray
+    offsets: np.ndarray
+    valid_items: np.ndarray
+    valid_times: np.ndarray
+    valid_actions: np.ndarray
+    test_items: np.ndarray
+    test_times: np.ndarray
+    num_items: int
+
+    @property
+    def num_users(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def prefix_lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def item_counts(self) -> np.ndarray:
+        """Occurrences of each item in the training prefixes (the most-popular baseline)."""
+        return np.bincount(self.items, minlength=self.num_items)
+
+    def trainable_users(self) -> np.ndarray:
+        """Users whose prefix has >= 2 items (at least one input -> next-item pair)."""
+        return np.flatnonzero(self.prefix_lengths >= 2)
+
+    def train_windows(self, users: np.ndarray, max_len: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(token indices into the prefix arrays, offsets): each user's most recent
+        ``max_len`` training items."""
+        ends = self.offsets[users + 1]
+        starts = np.maximum(self.offsets[users], ends - max_len)
+        return _ranges(starts, ends), _offsets(ends - starts)
+
+    def targets(self, users: np.ndarray, which: str) -> np.ndarray:
+        if which not in EVAL_SPLITS:
+            raise ValueError(f"which: {which!r} is not one of {list(EVAL_SPLITS)}")
+        return (self.valid_items if which == "valid" else self.test_items)[users]
+
+    def history(self, users: np.ndarray, which: str) -> Tuple[np.ndarray, np.ndarray]:
+        """The full history of each user for ``which`` (ids, offsets): the training prefix, plus
+        the validation item for ``test``."""
+        idx = _ranges(self.offsets[users], self.offsets[users + 1])
+        lens = self.prefix_lengths[users]
+        if which == "valid":
+            return self.items[idx], _offsets(lens)
+        self.targets(users, which)
+        off = _offsets(lens + 1)
+        ids = np.empty(off[-1], dtype=np.int64)
+        last = off[1:] - 1
+        mask = np.ones(off[-1], dtype=bool)
+        mask[last] = False
+        ids[mask] = self.items[idx]
+        ids[last] = self.valid_items[users]
+        return ids, off
+
+    def eval_inputs(self, users: np.ndarray, which: str, max_len: int
+                    ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Model inputs for evaluation (module docstring): ``items, times, actions, offsets``
+        of (last ``max_len - 1`` history items + the request token) and the query positions
+        (the token before each request token)."""
+        hist_idx = _ranges(self.offsets[users], self.offsets[users + 1])
+        lens = self.prefix_lengths[users]
+        items, times, actions = self.items[hist_idx], self.times[hist_idx], self.actions[hist_idx]
+        if which == "test":  # append the validation item to each history
+            off = _offsets(lens + 1)
+            keep = np.ones(off[-1], dtype=bool)
+            keep[off[1:] - 1] = False
+            it, tm, ac = (np.empty(off[-1], dtype=a.dtype) for a in (items, times, actions))
+            it[keep], tm[keep], ac[keep] = items, times, actions
+            it[~keep], tm[~keep] = self.valid_items[users], self.valid_times[users]
+            ac[~keep] = self.valid_actions[users]
+            items, times, actions, lens = it, tm, ac, lens + 1
+        else:
+            self.targets(users, which)
+        hist_off = _offsets(lens)
+        keep_n = np.minimum(lens, max_len - 1)
+        sel = _ranges(hist_off[1:] - keep_n, hist_off[1:])
+        out_off = _offsets(keep_n + 1)
+        req = out_off[1:] - 1
+        tok = np.ones(out_off[-1], dtype=bool)
+        tok[req] = False
+        o_items = np.empty(out_off[-1], dtype=np.int64)
+        o_times = np.empty(out_off[-1], dtype=np.int64)
+        o_act = np.zeros(out_off[-1], dtype=np.uint8)
+        o_items[tok], o_times[tok], o_act[tok] = items[sel], times[sel], actions[sel]
+        o_items[req] = o_items[req - 1]
+        o_times[req] = (self.valid_times if which == "valid" else self.test_times)[users]
+        return o_items, o_times, o_act, out_off, req - 1
+
+
+def leave_two_out(seqs: Sequences) -> Split:
+    """Hold out each user's last two positives (validation, test); users need >= 3."""
+    lens = seqs.lengths
+    if len(lens) == 0:
+        raise ValueError("seqs: no users (the data set has no user with enough positives)")
+    if (lens < 3).any():
+        raise ValueError("seqs: every user needs at least 3 positive events for leave-two-out "
+                         f"(min_len >= 3); {int((lens < 3).sum())} have fewer")
+    test = seqs.offsets[1:] - 1
+    valid = test - 1
+    keep = np.ones(len(seqs.items), dtype=bool)
+    keep[test] = False
+    keep[valid] = False
+    times_s = (np.asarray(seqs.times) // 1000).astype(np.int64)
+    items = np.asarray(seqs.items).astype(np.int64)
+    actions = np.asarray(seqs.actions).astype(np.uint8)
+    return Split(items[keep], times_s[keep], actions[keep], _offsets(lens - 2),
+                 items[valid], times_s[valid], actions[valid], items[test], times_s[test],
+                 int(seqs.num_items))
