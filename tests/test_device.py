@@ -67,3 +67,13 @@ def test_no_other_module_touches_device_namespaces():
                     if pattern.search(line) and not line.lstrip().startswith("#"):
                         offenders.append(f"{os.path.relpath(path, PKG)}:{i}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_process_group_backend_per_device():
+    from torchrec_ascend.device import process_group_backend
+
+    assert process_group_backend("cpu") == "gloo"
+    assert process_group_backend("npu") == "cpu:gloo,npu:hccl"
+    assert process_group_backend("cuda") == "cpu:gloo,cuda:nccl"
+    with pytest.raises(ValueError, match="no process-group backend known"):
+        process_group_backend("meta")

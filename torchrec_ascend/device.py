@@ -183,8 +183,9 @@ def synchronize(device: DeviceLike = None) -> None:
 
 def process_group_backend(device: DeviceLike = None) -> str:
     """``init_process_group`` backend for the device: ``gloo`` on cpu; on npu / cuda gloo for
-    cpu tensors beside HCCL / NCCL for device tensors (``cpu:gloo,npu:hccl``)."""
-    kind = _as_type(device)
+    cpu tensors beside HCCL / NCCL for device tensors (``cpu:gloo,npu:hccl``).  A device type
+    name (``"npu"``) is accepted even where torch does not know the device."""
+    kind = device if isinstance(device, str) and device in KNOWN_DEVICE_TYPES else _as_type(device)
     if kind == "cpu":
         return "gloo"
     accel = {"npu": "hccl", "cuda": "nccl"}.get(kind)
