@@ -146,3 +146,13 @@ def test_measured_rates_are_real_and_the_choice_follows_them():
         device.measure_gemm_gflops("cpu", n=0)
     with pytest.raises(ValueError, match="dtype: torch.int32 is not one of"):
         device.parse_dtype(torch.int32)
+
+
+def test_process_group_backend_per_device():
+    from torchrec_ascend.device import process_group_backend
+
+    assert process_group_backend("cpu") == "gloo"
+    assert process_group_backend("npu") == "cpu:gloo,npu:hccl"
+    assert process_group_backend("cuda") == "cpu:gloo,cuda:nccl"
+    with pytest.raises(ValueError, match="no process-group backend known"):
+        process_group_backend("meta")

@@ -381,8 +381,9 @@ def gemm_dtype_is_fast(dtype: Union[str, torch.dtype], device: DeviceLike = None
     return choose_gemm_dtype({torch.float32: cap.gflops[torch.float32], dtype: cap.gflops[dtype]}) == dtype
 def process_group_backend(device: DeviceLike = None) -> str:
     """``init_process_group`` backend for the device: ``gloo`` on cpu; on npu / cuda gloo for
-    cpu tensors beside HCCL / NCCL for device tensors (``cpu:gloo,npu:hccl``)."""
-    kind = _as_type(device)
+    cpu tensors beside HCCL / NCCL for device tensors (``cpu:gloo,npu:hccl``).  A device type
+    name (``"npu"``) is accepted even where torch does not know the device."""
+    kind = device if isinstance(device, str) and device in KNOWN_DEVICE_TYPES else _as_type(device)
     if kind == "cpu":
         return "gloo"
     accel = {"npu": "hccl", "cuda": "nccl"}.get(kind)

@@ -121,3 +121,13 @@ def test_simulated_npu_matches_cpu(tmp_path, reference):
     (npu,) = _run(tmp_path, 1, [DROPOUT], device_type="npu")
     assert npu["device"] == "npu"
     _same(reference[1], npu)
+
+
+def test_total_steps_from_steps_or_epochs():
+    from torchrec_ascend.training.config import DEFAULT_EPOCHS
+    from torchrec_ascend.training.trainer import total_steps
+
+    assert total_steps(tiny_config(steps=7), 10) == 7
+    assert total_steps(tiny_config(steps=None, epochs=2.5), 10) == 25
+    assert total_steps(tiny_config(steps=None), 10) == DEFAULT_EPOCHS * 10
+    assert total_steps(tiny_config(steps=None, epochs=0.01), 10) == 1

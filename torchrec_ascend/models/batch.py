@@ -68,6 +68,9 @@ class SequenceBatch(Pipelineable):
                 v.record_stream(stream)
 
     def pin_memory(self) -> "SequenceBatch":
+        """Pinned host copies (page-locked memory needs an accelerator; without one: self)."""
+        if not torch.accelerator.is_available():
+            return self
         pinned = {}
         for f in fields(self):
             v = getattr(self, f.name)

@@ -78,7 +78,7 @@ def save(root: str, step: int, model: torch.nn.Module, dense_opt: torch.optim.Op
             shutil.rmtree(tmp)
         os.makedirs(tmp)
     _barrier()
-    dcp.save(sharded_state(model), checkpoint_id=tmp)
+    dcp.save(sharded_state(model), checkpoint_id=tmp, no_dist=not dist.is_initialized())
     if _rank() == 0:
         torch.save({"dense_opt": dense_opt.state_dict(), "step": step, **trainer_state},
                    os.path.join(tmp, TRAINER_FILE))
@@ -132,7 +132,7 @@ def latest(root: str) -> Optional[str]:
 def load(path: str, model: torch.nn.Module, dense_opt: torch.optim.Optimizer) -> Dict[str, Any]:
     """Load a checkpoint in place (collective); returns the trainer state (``step``, ...)."""
     state = sharded_state(model)
-    dcp.load(state, checkpoint_id=path)
+    dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
     model.load_state_dict(state["model"])
     if "sparse_opt" in state:
         model.fused_optimizer.load_state_dict(state["sparse_opt"])  # type: ignore[union-attr]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from typing import Optional
 
 import torch.distributed as dist
@@ -34,8 +35,11 @@ def table_spec(d: DataConfig) -> TableSpec:
         return TableSpec(files=list(d.files), user_col=d.user_col, item_col=d.item_col,
                          time_col=d.time_col, time_unit=d.time_unit, sep=d.sep, format=d.format,
                          action_cols=list(d.action_cols), positive=d.positive, id_type=d.id_type)
-    except ValueError as e:
-        raise ConfigError("data", str(e).replace("TableSpec.", "")) from None
+    except ValueError as e:  # "TableSpec.<field>: rule" -> ConfigError("data.<field>", rule)
+        m = re.match(r"TableSpec(?:\.(\w+))?: (.*)", str(e), re.S)
+        if m is None:
+            raise ConfigError("data", str(e)) from None
+        raise ConfigError("data" + (f".{m.group(1)}" if m.group(1) else ""), m.group(2)) from None
 
 
 def _kuairand_rule(d: DataConfig) -> PositiveRule:

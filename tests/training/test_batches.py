@@ -1,0 +1,85 @@
+"""Deterministic batches: the global batch, rank slices, the shared pool and the loss scale."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("torchrec")
+
+from torchrec_ascend.distributed.load_balance import HSTUCostModel  # noqa: E402
+from torchrec_ascend.sampling import PopularitySampler, step_generator  # noqa: E402
+from torchrec_ascend.training.batches import BatchBuilder, BatchOrder  # noqa: E402
+from torchrec_ascend.training.config import ConfigError  # noqa: E402
+from torchrec_ascend.training.split import leave_two_out  # noqa: E402
+
+from test_split import seqs  # noqa: E402
+
+
+@pytest.fixture
+def split():
+    rng = np.random.default_rng(4)
+    return leave_two_out(seqs(rng.integers(3, 30, 60).tolist(), seed=2, num_items=40))
+
+
+def builder(split, rank=0, world=1, batch=8, balance="none"):
+    counts = torch.from_numpy(split.item_counts()).float() + 1
+    cost = HSTUCostModel(1.0, 0.05) if balance != "none" else None
+    return BatchBuilder(split, 10, batch, rank, world, seed=7, sampler=PopularitySampler(counts),
+                        num_negatives=12, balance=balance, cost_model=cost, prefetch=False)
+
+
+def test_order_is_a_pure_function_of_seed_and_step(split):
+    order = BatchOrder(split.trainable_users(), 8, seed=3)
+    epoch = np.concatenate([order.global_users(s) for s in range(order.steps_per_epoch)])
+    assert len(set(epoch.tolist())) == len(epoch)  # no user twice in an epoch
+    assert set(epoch.tolist()) <= set(split.trainable_users().tolist())
+    again = BatchOrder(split.trainable_users(), 8, seed=3)
+    assert (again.global_users(order.steps_per_epoch + 2)
+            == order.global_users(order.steps_per_epoch + 2)).all()
+    with pytest.raises(ConfigError, match="train.batch_size: a global batch of 1000 users"):
+        BatchOrder(split.trainable_users(), 1000, seed=0)
+
+
+@pytest.mark.parametrize("balance", ["none", "collator"])
+def test_rank_slices_partition_the_global_batch(split, balance):
+    world = 2
+    parts = [builder(split, r, world, batch=4, balance=balance) for r in range(world)]
+    whole = builder(split, 0, 1, batch=8)
+    for step in range(3):
+        gb = whole.global_batch(step)
+        g = torch.Generator().manual_seed(0)
+        neg = whole.sampler.sample(gb.pos_ids, 12, g)
+        one = whole.build(gb, neg)
+        got = [p.build(p.global_batch(step), neg) for p in parts]
+        assert sorted(torch.cat([b.users for b in got]).tolist()) == sorted(one.users.tolist())
+        assert sum(b.num_tokens for b in got) == one.num_tokens
+        for b in got:  # the loss scale is 1 / queries of the global batch, on every rank
+            assert float(b.loss_scale) == pytest.approx(1.0 / gb.num_queries)
+            assert torch.equal(b.kjt["neg"].values(), neg.ids)
+
+
+def test_pos_log_q_and_queries(split):
+    b = builder(split)
+    gb = b.global_batch(0)
+    neg = b.sampler.sample(gb.pos_ids, 12, torch.Generator().manual_seed(1))
+    batch = b.build(gb, neg)
+    lengths = torch.diff(batch.offsets)
+    assert (lengths >= 2).all() and (lengths <= 10).all()
+    want = torch.zeros(batch.num_tokens)
+    log_q = b.sampler.log_prob(batch.items).float() + np.log(12)
+    for s, e in zip(batch.offsets[:-1].tolist(), batch.offsets[1:].tolist()):
+        want[s:e - 1] = log_q[s + 1:e]  # token i's next item
+    torch.testing.assert_close(batch.pos_log_q, want, atol=1e-5, rtol=1e-5)
+
+
+def test_stream_resumed_equals_continued(split):
+    full = [x.kjt["neg"].values() for x in builder(split).stream(0, 6)]
+    b = builder(split)
+    first = [x.kjt["neg"].values() for x in b.stream(0, 3)]
+    rest = [x.kjt["neg"].values() for x in builder(split).stream(3, 6)]
+    assert all(torch.equal(a, c) for a, c in zip(full, first + rest))
+    # the pool of step s is the sampler's draw with step_generator(seed, s)
+    gb = b.global_batch(4)
+    assert torch.equal(full[4], b.sampler.sample(gb.pos_ids, 12, step_generator(7, 4)).ids)
