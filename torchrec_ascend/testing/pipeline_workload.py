@@ -12,6 +12,7 @@ encoder + in-batch next-item softmax) and :func:`hstu_batch` are the benchmark's
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Dict, List, Tuple
 
 import torch
@@ -98,7 +99,9 @@ def run(run: Run, device: torch.device = torch.device("cpu"), **pipeline_kw: Any
         except StopIteration:
             break
         losses.append(float(loss.detach().cpu()))
-    out = {"losses": losses, "state": state(model)}
+    out = {"losses": losses, "state": state(model),
+           "devices": sorted({t.device.type for v in model.state_dict().values()
+                              for _, t in W._local_pieces(v)})}
     versions = getattr(pipe, "versions", None)
     if versions is not None:
         out["staleness"] = versions.staleness()
@@ -110,9 +113,13 @@ def run(run: Run, device: torch.device = torch.device("cpu"), **pipeline_kw: Any
     return out
 
 
-def worker(rank: int, world_size: int, runs: List[Run], pipeline_kw: dict) -> List[dict]:
-    """Every run of ``runs`` in order on this rank."""
-    return [run(r, **pipeline_kw) for r in runs]
+def worker(rank: int, world_size: int, runs: List[Run], pipeline_kw: dict,
+           device_type: str = "cpu") -> List[dict]:
+    """Every run of ``runs`` in order on this rank, on ``device_type`` (cpu, npu, cuda)."""
+    from .multiprocess import rank_device
+
+    device = rank_device(device_type, int(os.environ["LOCAL_RANK"]))
+    return [run(r, device, **pipeline_kw) for r in runs]
 
 
 # --- an HSTU-shaped model (benchmarks/pipeline.py) -----------------------------------------------
