@@ -50,6 +50,9 @@ class SyntheticConfig:
     random_log_rows: int = 2000
     seed: int = 0
     tag: str = "synthetic"
+    # write video_features_basic_<tag>.csv (one row per item: at KuaiRand-27K's 32M items it is
+    # most of the generation time and ~2 GB; the logs do not need it)
+    item_features: bool = True
 
     def __post_init__(self) -> None:
         for name in ("num_users", "num_items", "num_clusters", "min_len"):
@@ -66,6 +69,25 @@ def _zipf_weights(n: int, a: float) -> np.ndarray:
     return w / w.sum()
 
 
+class Categorical:
+    """Draws of ``rng.choice(len(p), size, p=p)`` with the CDF built once.
+
+    ``Generator.choice`` rebuilds the CDF of ``p`` (O(len(p))) on every call; with 32M items and
+    a draw per event that is what made generation O(items x events).  This draws the same way
+    (``cdf.searchsorted(rng.random(size), side="right")``, numpy's own method), so it consumes
+    the same random numbers and returns the same indices as ``choice`` does.
+    """
+
+    def __init__(self, p: np.ndarray) -> None:
+        cdf = np.cumsum(p, dtype=np.float64)
+        cdf /= cdf[-1]
+        self.cdf = cdf
+
+    def __call__(self, rng: np.random.Generator, size=None):
+        idx = self.cdf.searchsorted(rng.random(size), side="right")
+        return int(idx) if size is None else idx
+
+
 def chain_sequences(cfg: SyntheticConfig, rng: np.random.Generator
                     ) -> Tuple[np.ndarray, np.ndarray, List[np.ndarray]]:
     """The sequential structure shared by the generators (KuaiRand logs, generic tables).
@@ -79,14 +101,17 @@ def chain_sequences(cfg: SyntheticConfig, rng: np.random.Generator
     pop_rank = rng.permutation(cfg.num_items)  # popularity of each item index
     item_pop = pop[pop_rank]
     cluster = rng.integers(0, cfg.num_clusters, cfg.num_items)
-    chains = [np.flatnonzero(cluster == c) for c in range(cfg.num_clusters)]
-    chains = [rng.permutation(c) for c in chains if len(c)]
+    # items of each cluster in ascending order (one stable sort, not a scan per cluster)
+    by_cluster = np.argsort(cluster, kind="stable")
+    bounds = np.cumsum(np.bincount(cluster, minlength=cfg.num_clusters))[:-1]
+    chains = [rng.permutation(c) for c in np.split(by_cluster, bounds) if len(c)]
     pos_in_chain = np.zeros(cfg.num_items, dtype=np.int64)
     chain_of = np.zeros(cfg.num_items, dtype=np.int64)
     for k, ch in enumerate(chains):
         pos_in_chain[ch] = np.arange(len(ch))
         chain_of[ch] = k
-    chain_p = [item_pop[ch] / item_pop[ch].sum() for ch in chains]
+    draw_item = Categorical(item_pop)
+    draw_in_chain = [np.cumsum(item_pop[ch] / item_pop[ch].sum()) for ch in chains]
     sigma = 1.0
     mu = np.log(cfg.mean_len) - 0.5 * sigma ** 2
     lens = np.clip(np.round(rng.lognormal(mu, sigma, cfg.num_users)), cfg.min_len, cfg.max_len)
@@ -94,33 +119,57 @@ def chain_sequences(cfg: SyntheticConfig, rng: np.random.Generator
     for n in lens.astype(np.int64):
         u = rng.random((n, 3))
         out = np.empty(n, dtype=np.int64)
-        cur = int(rng.choice(cfg.num_items, p=item_pop))
+        cur = draw_item(rng)
         out[0] = cur
         for i in range(1, n):
             k = chain_of[cur]
             ch = chains[k]
             if u[i, 0] < cfg.p_jump:
-                cur = int(rng.choice(cfg.num_items, p=item_pop))
+                cur = draw_item(rng)
             elif u[i, 1] < cfg.p_follow:
                 step = 1 + int(u[i, 2] * 3)
                 cur = int(ch[(pos_in_chain[cur] + step) % len(ch)])
             else:
-                cur = int(ch[np.searchsorted(np.cumsum(chain_p[k]), u[i, 2] * 0.999999)])
+                cur = int(ch[np.searchsorted(draw_in_chain[k], u[i, 2] * 0.999999)])
             out[i] = cur
         seqs.append(out)
     return video_ids, item_pop, seqs
 
 
+def _yyyymmdd(days: np.ndarray) -> np.ndarray:
+    """Days since 1970-01-01 -> the integer date ``yyyymmdd``."""
+    d = days.astype("datetime64[D]")
+    year = d.astype("datetime64[Y]")
+    month = d.astype("datetime64[M]")
+    return ((year.astype(np.int64) + 1970) * 10000 + ((month - year).astype(np.int64) + 1) * 100
+            + (d - month).astype(np.int64) + 1)
+
+
+def _pick(values: List[str], idx: np.ndarray) -> pa.Array:
+    """``values[idx]`` as an arrow string array (no numpy unicode array of n strings)."""
+    return pa.array(values, pa.string()).take(pa.array(idx))
+
+
 def generate(out_dir: str, cfg: SyntheticConfig = SyntheticConfig()) -> Dict[str, str]:
-    """Write the four KuaiRand-format files into ``out_dir``; return their paths by kind."""
+    """Write the four KuaiRand-format files into ``out_dir`` (three without
+    ``cfg.item_features``); return their paths by kind.
+
+    Cost: O(events) Python-level work (the chain walk and per-user draws), O(items) numpy work
+    (ids, popularity, clusters) and, with ``item_features``, an O(items) CSV.  Every categorical
+    draw uses a CDF built once (:class:`Categorical`), so the files are byte-identical to those
+    of the earlier O(items)-per-draw generator for the same config."""
     rng = np.random.default_rng(cfg.seed)
     os.makedirs(out_dir, exist_ok=True)
     video_ids, item_pop, seqs = chain_sequences(cfg, rng)
+    draw_item = Categorical(item_pop)
     user_ids = np.sort(rng.choice(50 * cfg.num_users, cfg.num_users, replace=False))
-    cols: Dict[str, list] = {c: [] for c in LOG_COLUMNS}
+    # per user: the random draws, in the same order as always (same seed -> same bytes); the
+    # derived columns are computed once over all events afterwards
+    parts: Dict[str, list] = {k: [] for k in ("uid", "items", "click", "t", "r", "u_play", "prof",
+                                               "comm", "tab")}
     for uid, seq in zip(user_ids, seqs):
         n_imp = rng.binomial(len(seq), cfg.p_impression)
-        imp = rng.choice(cfg.num_items, n_imp, p=item_pop)
+        imp = draw_item(rng, n_imp)
         items = np.concatenate([seq, imp])
         click = np.concatenate([np.ones(len(seq), np.int64), np.zeros(n_imp, np.int64)])
         # impressions land between the clicks: random order of a merged time line
@@ -131,36 +180,41 @@ def generate(out_dir: str, cfg: SyntheticConfig = SyntheticConfig()) -> Dict[str
         t = _T0_MS + int(rng.integers(0, 3 * 86400_000)) + np.cumsum(
             rng.exponential(600_000.0, n).astype(np.int64) + 1000)
         r = rng.random((n, 7))
-        c = click == 1
-        acts = {
-            "is_click": click,
-            "is_like": (c & (r[:, 0] < 0.15)).astype(np.int64),
-            "is_follow": (c & (r[:, 1] < 0.02)).astype(np.int64),
-            "is_comment": (c & (r[:, 2] < 0.05)).astype(np.int64),
-            "is_forward": (c & (r[:, 3] < 0.02)).astype(np.int64),
-            "is_hate": (~c & (r[:, 4] < 0.01)).astype(np.int64),
-            "long_view": (c & (r[:, 5] < 0.4)).astype(np.int64),
-            "is_profile_enter": (c & (r[:, 6] < 0.05)).astype(np.int64),
-        }
-        duration = 5000 + (video_ids[items] % 97) * 1000
-        play = np.where(c, duration * rng.uniform(0.3, 1.2, n), duration * rng.uniform(0, 0.2, n))
-        local = (t + 8 * 3600_000) // 1000  # Beijing time, seconds
-        days = local // 86400
-        ymd = (np.datetime64("1970-01-01") + days.astype("timedelta64[D]")).astype(str)
-        cols["user_id"].append(np.full(n, uid))
-        cols["video_id"].append(video_ids[items])
-        cols["date"].append(np.char.replace(ymd, "-", "").astype(np.int64))
-        cols["hourmin"].append(((local % 86400) // 3600) * 100)
-        cols["time_ms"].append(t)
-        for k, v in acts.items():
-            cols[k].append(v)
-        cols["play_time_ms"].append(play.astype(np.int64))
-        cols["duration_ms"].append(duration)
-        cols["profile_stay_time"].append(acts["is_profile_enter"] * rng.integers(1, 60, n))
-        cols["comment_stay_time"].append(acts["is_comment"] * rng.integers(1, 60, n))
-        cols["is_rand"].append(np.zeros(n, np.int64))
-        cols["tab"].append(rng.integers(0, 5, n))
-    table = pa.table({k: np.concatenate(v) for k, v in cols.items()})
+        u_click, u_skip = rng.uniform(0.3, 1.2, n), rng.uniform(0, 0.2, n)
+        parts["uid"].append(np.full(n, uid))
+        parts["items"].append(items)
+        parts["click"].append(click)
+        parts["t"].append(t)
+        parts["r"].append(r)
+        parts["u_play"].append(np.where(click == 1, u_click, u_skip))
+        parts["prof"].append(rng.integers(1, 60, n))
+        parts["comm"].append(rng.integers(1, 60, n))
+        parts["tab"].append(rng.integers(0, 5, n))
+    cat = {k: np.concatenate(v) if v else np.zeros((0, 7) if k == "r" else 0) for k, v in parts.items()}
+    items, click, t, r = cat["items"].astype(np.int64), cat["click"], cat["t"], cat["r"]
+    c = click == 1
+    acts = {
+        "is_click": click,
+        "is_like": (c & (r[:, 0] < 0.15)).astype(np.int64),
+        "is_follow": (c & (r[:, 1] < 0.02)).astype(np.int64),
+        "is_comment": (c & (r[:, 2] < 0.05)).astype(np.int64),
+        "is_forward": (c & (r[:, 3] < 0.02)).astype(np.int64),
+        "is_hate": (~c & (r[:, 4] < 0.01)).astype(np.int64),
+        "long_view": (c & (r[:, 5] < 0.4)).astype(np.int64),
+        "is_profile_enter": (c & (r[:, 6] < 0.05)).astype(np.int64),
+    }
+    duration = 5000 + (video_ids[items] % 97) * 1000
+    local = (t + 8 * 3600_000) // 1000  # Beijing time, seconds
+    cols: Dict[str, np.ndarray] = {c_: np.zeros(0, np.int64) for c_ in LOG_COLUMNS}
+    cols.update(acts)
+    cols.update(
+        user_id=cat["uid"], video_id=video_ids[items], date=_yyyymmdd(local // 86400),
+        hourmin=((local % 86400) // 3600) * 100, time_ms=t,
+        play_time_ms=(duration * cat["u_play"]).astype(np.int64), duration_ms=duration,
+        profile_stay_time=acts["is_profile_enter"] * cat["prof"],
+        comment_stay_time=acts["is_comment"] * cat["comm"],
+        is_rand=np.zeros(len(t), np.int64), tab=cat["tab"])
+    table = pa.table({k: cols[k] for k in LOG_COLUMNS})
     paths = {}
     paths["log_standard"] = os.path.join(out_dir, f"log_standard_{cfg.tag}.csv")
     pcsv.write_csv(table, paths["log_standard"], _WRITE)
@@ -185,12 +239,16 @@ def generate(out_dir: str, cfg: SyntheticConfig = SyntheticConfig()) -> Dict[str
         uf[ccol] = rng.integers(0, 10, nu)
     paths["user_features"] = os.path.join(out_dir, f"user_features_{cfg.tag}.csv")
     pcsv.write_csv(pa.table(uf), paths["user_features"], _WRITE)
+    if not cfg.item_features:
+        return paths
     ni = len(video_ids)
-    vf: Dict[str, object] = {c: rng.integers(0, 100, ni) for c in VIDEO_FEATURE_COLUMNS}
-    vf.update(video_id=video_ids, video_type=rng.choice(["NORMAL", "AD"], ni),
-              upload_dt=np.full(ni, "2022-03-01"), upload_type=rng.choice(["ShortImport", "Web"], ni),
-              visible_status=np.full(ni, "public"), video_duration=5000 + (video_ids % 97) * 1000,
-              tag=rng.integers(0, 60, ni).astype(str))
+    vf: Dict[str, object] = {c_: rng.integers(0, 100, ni) for c_ in VIDEO_FEATURE_COLUMNS}
+    vf.update(video_id=video_ids, video_type=_pick(["NORMAL", "AD"], rng.choice(2, ni)),
+              upload_dt=_pick(["2022-03-01"], np.zeros(ni, np.int64)),
+              upload_type=_pick(["ShortImport", "Web"], rng.choice(2, ni)),
+              visible_status=_pick(["public"], np.zeros(ni, np.int64)),
+              video_duration=5000 + (video_ids % 97) * 1000,
+              tag=_pick([str(i) for i in range(60)], rng.integers(0, 60, ni)))
     paths["video_features"] = os.path.join(out_dir, f"video_features_basic_{cfg.tag}.csv")
     pcsv.write_csv(pa.table({c: vf[c] for c in VIDEO_FEATURE_COLUMNS}), paths["video_features"], _WRITE)
     return paths

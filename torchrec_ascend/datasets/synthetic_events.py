@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from .synthetic import SyntheticConfig, chain_sequences
+from .synthetic import Categorical, SyntheticConfig, chain_sequences
 
 _T0_S = 1_600_000_000  # 2020-09-13
 
@@ -46,6 +46,7 @@ def generate_events_table(path: str, num_users: int, num_items: int, seed: int,
                           max_len=max(4, int(10 * mean_len)), seed=seed)
     rng = np.random.default_rng(seed)
     item_raw, item_pop, seqs = chain_sequences(cfg, rng)
+    draw_item = Categorical(item_pop)
     user_raw = rng.choice(10 * num_users, num_users, replace=False) + 1
     users, items, times, click = [], [], [], []
     for k, seq in enumerate(seqs):
@@ -54,7 +55,7 @@ def generate_events_table(path: str, num_users: int, num_items: int, seed: int,
             n_imp = rng.binomial(len(seq), 0.4)
             slot = np.concatenate([np.arange(len(seq)) * 2.0, rng.uniform(-1, 2 * len(seq), n_imp)])
             order = np.argsort(slot, kind="stable")
-            idx = np.concatenate([seq, rng.choice(num_items, n_imp, p=item_pop)])[order]
+            idx = np.concatenate([seq, draw_item(rng, n_imp)])[order]
             clk = np.concatenate([clk, np.zeros(n_imp, np.int64)])[order]
         start = _T0_S + int(rng.integers(0, 30 * 86400))
         t = start + np.cumsum(1 + rng.exponential(3600.0, len(idx)).astype(np.int64))
