@@ -89,7 +89,7 @@ TABLE_SETS = {
 TOPOLOGIES = {"2x8": 2, "4x8": 4, "16x8": 16}
 PRESET = "ascend-a2"
 RESERVE = 0.15
-SYNC_EVERY = (1, 10, 100, 1000, 10000)  # 2-D: steps between replica syncs
+SYNC_EVERY = (1, 10, 100, 1000, 10000, 20000)  # 2-D: steps between replica syncs
 SYNC_EVERY_QUICK = (1, 100, 10000)
 GOAL = 0.75
 

@@ -34,19 +34,14 @@ from torchrec_ascend.distributed.planner.two_dim import TwoDimShardingPlanner  #
 from torchrec_ascend.testing import torchrec_workload as W  # noqa: E402
 from torchrec_ascend.testing.multiprocess import run_multiprocess  # noqa: E402
 
+from test_planners import _initial_state, _reference  # noqa: E402
+
 STEPS = 3
 L = 2
 ATOL, RTOL = 1e-5, 1e-4
 RUNS = {"ours_sync1": (None, 1),
         "forced_sync2": ({"user": "column_wise", "hot": "data_parallel", "big": "row_wise",
                           "item": "table_wise", "tag": "row_wise"}, 2)}
-
-
-def _initial_state() -> Dict[str, torch.Tensor]:
-    with torch.random.fork_rng():
-        torch.manual_seed(11)
-        model = V.ValidationModel(torch.device("cpu"))
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def _types(plan) -> Dict[str, str]:
@@ -88,23 +83,10 @@ def runs() -> List[dict]:
 
 
 def _mean_gradient_reference(world: int) -> dict:
-    """One unsharded model; every parameter steps with the mean of the ranks' gradients."""
-    model = V.ValidationModel(torch.device("cpu"))
-    model.load_state_dict(_initial_state())
-    losses = [[] for _ in range(world)]
-    for step in range(STEPS):
-        model.zero_grad()
-        total = 0.0
-        for r in range(world):
-            loss = model(V.make_batch(r, step, V.VALIDATION_BATCH))
-            losses[r].append(float(loss.detach()))
-            total = total + loss
-        total.backward()
-        with torch.no_grad():
-            for p in model.parameters():
-                p -= V.LR * p.grad / world
-    state = {k: v.detach() for k, v in model.state_dict().items()}
-    return {"losses": losses, "states": [state] * (world // L)}
+    """One unsharded model; every parameter steps with the mean of the ranks' gradients
+    (test_planners' reference of 1-D training), the final state for every host."""
+    ref = _reference(world, STEPS)
+    return {"losses": ref["losses"], "states": [ref["state"]] * (world // L)}
 
 
 def _two_dim_replay(world: int, types: Dict[str, str], sync_every: int) -> dict:

@@ -185,7 +185,7 @@ def gloo_runs() -> List[dict]:
     return run_multiprocess(_gloo_worker, 4, local_world_size=2)
 
 
-def _reference(world: int) -> dict:
+def _reference(world: int, steps: int = STEPS) -> dict:
     """The unsharded model on every rank's batches: losses per rank and step, final weights.
     Every parameter steps with the mean of the ranks' gradients: DDP averages the head and the
     data-parallel tables, TorchRec's all-to-all backward divides the sharded tables' gradients
@@ -193,7 +193,7 @@ def _reference(world: int) -> dict:
     model = V.ValidationModel(torch.device("cpu"))
     model.load_state_dict(_initial_state())
     losses = [[] for _ in range(world)]
-    for step in range(STEPS):
+    for step in range(steps):
         model.zero_grad()
         total = 0.0
         for r in range(world):
