@@ -88,16 +88,19 @@ DROPOUT = {"batch_size": 8, "dropout": 0.1}
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """One process on cpu: the runs every other test compares with."""
-    return _run(tmp_path_factory.mktemp("ref"), 1, [NO_DROPOUT, DROPOUT])
+    return _run(tmp_path_factory.mktemp("ref"), 1,
+                [NO_DROPOUT, DROPOUT, dict(NO_DROPOUT, pipeline="base")])
 
 
 def test_single_process_trains(reference):
-    for r in reference:
+    for r in reference[:2]:
         assert len(r["losses"]) == STEPS and all(np.isfinite(r["losses"]))
         assert r["sharding"] == "row_wise" and r["device"] == "cpu" and r["world"] == 1
         assert 0 < r["valid"]["mrr"] <= 1 and 0 < r["test"]["mrr"] <= 1
     # dropout changes the losses (the comparison below is not vacuous)
     assert abs(reference[0]["losses"][-1] - reference[1]["losses"][-1]) > 1e-3
+    # TrainPipelineBase trains exactly like TrainPipelineSparseDist
+    _same(reference[0], reference[2])
 
 
 @pytest.mark.slow

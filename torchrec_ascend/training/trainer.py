@@ -195,7 +195,9 @@ class Trainer:
 
     def evaluate(self, which: str, limit: Optional[int] = None) -> Dict[str, float]:
         """Metrics on ``which`` (``valid`` / ``test``), pipeline detached (collective)."""
-        self.pipeline.detach()
+        detach = getattr(self.pipeline, "detach", None)  # pipelines that rewrite the model
+        if detach is not None:
+            detach()
         users = eval_users(self.split.num_users, self.env.rank, self.env.world_size, limit)
         return self.evaluator.evaluate(self.model, which, users, self.env.device)
 
