@@ -8,7 +8,6 @@ import os
 
 import numpy as np
 import pytest
-import torch
 
 pytest.importorskip("torchrec")
 
@@ -134,3 +133,30 @@ def test_total_steps_from_steps_or_epochs():
     assert total_steps(tiny_config(steps=None, epochs=2.5), 10) == 25
     assert total_steps(tiny_config(steps=None), 10) == DEFAULT_EPOCHS * 10
     assert total_steps(tiny_config(steps=None, epochs=0.01), 10) == 1
+
+
+def test_early_stopping_watches_validation(tmp_path, monkeypatch):
+    """Validation NDCG@5 1.0, 0.9, 0.8 at steps 1, 2, 3 with patience 2: training stops after
+    step 3, the best validation step is 1, and the test is still computed once at the end."""
+    import torch.distributed as dist
+
+    env = init_distributed("cpu")
+    try:
+        cfg = tiny_config(steps=6, eval_every=1, early_stopping_patience=2)
+        trainer = Trainer(cfg, leave_two_out(tiny_sequences()), env, str(tmp_path), "hstu",
+                          peak_flops=1e9, progress=False, log=lambda _m: None)
+        calls = []
+
+        def fake(which, limit=None):
+            calls.append(which)
+            value = 1.0 - 0.1 * (len(calls) - 1)
+            return {k: value for k in ("hr@5", "hr@20", "ndcg@5", "ndcg@20", "mrr")}
+
+        monkeypatch.setattr(trainer, "evaluate", fake)
+        res = trainer.fit()
+    finally:
+        if env.created:
+            dist.destroy_process_group()
+    assert res["steps"] == 3 and res["stopped_early"]
+    assert res["best_valid"] == {"step": 1, "ndcg@5": 1.0}
+    assert calls == ["valid", "valid", "valid", "valid", "test"]

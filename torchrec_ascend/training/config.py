@@ -242,7 +242,8 @@ def _validate(cfg: ExperimentConfig) -> None:
     if d.positive is not None:
         bad = set(d.positive) - {"any_of", "none_of"}
         if bad:
-            raise ConfigError("data.positive", f"unknown keys {sorted(bad)} (known: any_of, none_of)")
+            raise ConfigError("data.positive",
+                              f"unknown keys {sorted(bad)} (known: any_of, none_of)")
         if d.source == "table" and not d.action_cols:
             raise ConfigError("data.positive", "a positive rule needs data.action_cols")
     if d.synthetic and d.source != "synthetic":
