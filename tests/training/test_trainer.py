@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("torchrec")
 
@@ -135,20 +136,24 @@ def test_total_steps_from_steps_or_epochs():
     assert total_steps(tiny_config(steps=None, epochs=0.01), 10) == 1
 
 
-def test_early_stopping_watches_validation(tmp_path, monkeypatch):
+@pytest.mark.parametrize("restore", [False, True])
+def test_early_stopping_watches_validation(tmp_path, monkeypatch, restore):
     """Validation NDCG@5 1.0, 0.9, 0.8 at steps 1, 2, 3 with patience 2: training stops after
-    step 3, the best validation step is 1, and the test is still computed once at the end."""
+    step 3, the best validation step is 1, the test is computed once at the end -- with the
+    step-1 model when ``eval.restore_best`` (its dense weights come back), else the final one."""
     import torch.distributed as dist
 
     env = init_distributed("cpu")
     try:
         cfg = tiny_config(steps=6, eval_every=1, early_stopping_patience=2)
+        cfg.eval.restore_best = restore
         trainer = Trainer(cfg, leave_two_out(tiny_sequences()), env, str(tmp_path), "hstu",
                           peak_flops=1e9, progress=False, log=lambda _m: None)
-        calls = []
+        calls, snapshots = [], []
 
         def fake(which, limit=None):
             calls.append(which)
+            snapshots.append([p.detach().clone() for p in trainer.model.head.parameters()])
             value = 1.0 - 0.1 * (len(calls) - 1)
             return {k: value for k in ("hr@5", "hr@20", "ndcg@5", "ndcg@20", "mrr")}
 
@@ -160,3 +165,8 @@ def test_early_stopping_watches_validation(tmp_path, monkeypatch):
     assert res["steps"] == 3 and res["stopped_early"]
     assert res["best_valid"] == {"step": 1, "ndcg@5": 1.0}
     assert calls == ["valid", "valid", "valid", "valid", "test"]
+    final, at_step1, at_step3 = snapshots[-1], snapshots[0], snapshots[2]
+    assert not all(torch.equal(a, b) for a, b in zip(at_step1, at_step3))
+    want = at_step1 if restore else at_step3
+    assert all(torch.equal(a, b) for a, b in zip(final, want))
+    assert res["restored_step"] == (1 if restore else None)
