@@ -57,14 +57,16 @@ def train_run(out: str, device_type: str = "cpu", kind: str = "hstu", **train) -
                       progress=False, log=lambda _m: None)
     res = trainer.fit()
     losses = [v for _, v in trainer.histories[kind]["loss"]]
-    return {"losses": losses, "valid": res["valid"], "test": res["test"],
+    ck = os.path.join(out, kind, "checkpoints", f"step_{STEPS:08d}")
+    shards = sorted(f for f in os.listdir(ck) if f.endswith(".distcp")) if os.path.isdir(ck) else []
+    return {"shards": shards, "losses": losses, "valid": res["valid"], "test": res["test"],
             "device": str(next(trainer.model.head.parameters()).device.type),
             "sharding": res["sharding"], "world": env.world_size}
 
 
 def _worker(rank: int, world: int, out: str, device_type: str, runs: list) -> list:
     """Every run of ``runs`` (train keyword arguments) in turn, in this process group."""
-    return [train_run(os.path.join(out, f"run{i}-r{rank}"), device_type, **train)
+    return [train_run(os.path.join(out, f"run{i}"), device_type, **train)
             for i, train in enumerate(runs)]
 
 
@@ -110,11 +112,14 @@ def test_two_ranks_equal_one_process(tmp_path, reference):
     balancer.  Dropout 0: dropout masks are drawn per rank (with dropout, world sizes agree in
     distribution only)."""
     half = {"batch_size": 4, "dropout": 0.0}
-    runs = _run(tmp_path, 2, [half, dict(half, balance="all_to_all", planner="hierarchical"),
+    runs = _run(tmp_path, 2, [dict(half, checkpoint_every=STEPS),
+                              dict(half, balance="all_to_all", planner="hierarchical"),
                               dict(half, balance="collator")])
     for r in runs:
         assert r["world"] == 2
         _same(reference[0], r)
+    # the sharded checkpoint holds both ranks' shards
+    assert runs[0]["shards"] == ["__0_0.distcp", "__1_0.distcp"]
 
 
 @pytest.mark.slow
