@@ -38,9 +38,7 @@ def batch(num_items=30, lengths=(3, 5, 2), r=6, seed=0):
         loss_scale=torch.tensor(1.0 / q.numel()))
 
 
-def test_query_positions_and_action_features():
-    off = torch.tensor([0, 3, 3, 4, 8])
-    assert query_positions(off, 8).tolist() == [0, 1, 4, 5, 6]
+def test_action_features():
     a = torch.tensor([0, 1, 130, 255], dtype=torch.uint8)
     want = torch.tensor([[(v >> i) & 1 for i in range(8)] for v in a.tolist()], dtype=torch.float32)
     assert torch.equal(action_features(a), want)
@@ -101,12 +99,3 @@ def test_init_item_table_is_a_function_of_the_global_row():
     assert torch.equal(piece, full[20:38])
     init_item_table(m, 50, 8, seed=4, block_rows=16)
     assert not torch.equal(m.ec.embeddings["item_table"].weight, full)
-
-
-def test_batch_moves_as_a_pipelineable():
-    b = batch()
-    c = b.to(torch.device("cpu"))
-    assert torch.equal(c.items, b.items) and torch.equal(c.kjt.values(), b.kjt.values())
-    assert c.batch_size == 3 and c.num_tokens == 10
-    p = b.pin_memory()
-    assert torch.equal(p.items, b.items) and torch.equal(p.pos_log_q, b.pos_log_q)

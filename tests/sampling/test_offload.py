@@ -234,3 +234,17 @@ def _collect_cpu_reference(table: torch.Tensor, seed: int):
                                  per_token_negatives=2, seed=seed, device="cpu",
                                  asynchronous=False) as pf:
         return [neg for _, neg in pf.prefetch(_batches(3, 4), lambda b: b)]
+
+
+def test_start_step_continues_the_step_sequence():
+    """A prefetcher started at step 3 (a resumed run) draws what an uninterrupted one draws
+    from step 3 on."""
+    pos = [torch.randint(0, 50, (8,), generator=torch.Generator().manual_seed(i)) for i in range(6)]
+    with AsyncNegativePrefetcher(UniformSampler(50), 5, seed=9) as full:
+        want = [n.negatives.ids for _, n in full.prefetch(pos, lambda p: p)]
+    with AsyncNegativePrefetcher(UniformSampler(50), 5, seed=9, start_step=3) as resumed:
+        got = [(n.step, n.negatives.ids) for _, n in resumed.prefetch(pos[3:], lambda p: p)]
+    assert [s for s, _ in got] == [3, 4, 5]
+    assert all(torch.equal(g, w) for (_, g), w in zip(got, want[3:]))
+    with pytest.raises(ValueError, match="start_step: must be an integer >= 0"):
+        AsyncNegativePrefetcher(UniformSampler(50), 5, start_step=-1)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 pytest.importorskip("torchrec")
 
@@ -21,12 +22,6 @@ SETS = ["model.embedding_dim=30", "model.max_seq_len=32", "model.num_heads=1",
         "train.peak_gemm_size=256", "train.log_every=20"]
 
 
-def cli(args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "torchrec_ascend.training", "--no-progress"]
-                          + args, capture_output=True, text=True, timeout=timeout, env=ENV,
-                          cwd=REPO)
-
-
 def sets(tmp_path):
     out = []
     for s in SETS + [f"data.cache_dir={tmp_path / 'cache'}"]:
@@ -34,17 +29,22 @@ def sets(tmp_path):
     return out
 
 
-@pytest.mark.slow
 def test_csv_beats_most_popular_and_parquet_gives_identical_metrics(tmp_path):
     csv = generate_events_table(str(tmp_path / "events.csv"), 300, 400, seed=0)
     pq = generate_events_table(str(tmp_path / "events.parquet"), 300, 400, seed=0,
                                format="parquet")
+    from torchrec_ascend.training.cli import main
+
     results = []
-    for path, name in ((csv, "csv"), (pq, "pq")):
-        out = tmp_path / name
-        r = cli(["--data", path, "--out", str(out), "--steps", "40"] + sets(tmp_path))
-        assert r.returncode == 0, r.stderr[-3000:]
-        results.append(json.load(open(out / "results.json")))
+    threads = torch.get_num_threads()
+    try:
+        for path, name in ((csv, "csv"), (pq, "pq")):  # in process: the same code as the CLI
+            out = tmp_path / name
+            assert main(["--no-progress", "--data", path, "--out", str(out), "--steps", "40"]
+                        + sets(tmp_path)) == 0
+            results.append(json.load(open(out / "results.json")))
+    finally:
+        torch.set_num_threads(threads)
     a, b = results
     hstu, pop = a["models"]["hstu"], a["baselines"]["most_popular"]
     for split in ("valid", "test"):
@@ -66,3 +66,21 @@ def test_bad_row_is_one_line_exit_2(tmp_path, capsys):
     assert len(lines) == 1 and lines[0].startswith("error: bad data: "), lines
     assert str(bad) in lines[0] and "row 3" in lines[0] and "'item_id'" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_torchrun_bad_data_exits_2_on_every_rank(tmp_path):
+    from torchrec_ascend.testing.multiprocess import free_port
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("user_id,item_id,timestamp\n1,5,100\n1,6\n")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                        f"--master_port={free_port()}", "-m", "torchrec_ascend.training",
+                        "--no-progress", "--data", str(bad), "--out", str(tmp_path / "bad")]
+                       + sets(tmp_path), capture_output=True, text=True, timeout=300, env=ENV,
+                       cwd=REPO)
+    assert r.returncode != 0
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error: bad data: ")]
+    assert len(errors) == 1 and "row 2" in errors[0], r.stderr[-3000:]
+    # torchrun's failure report: both ranks exited with status 2
+    assert r.stderr.count("exitcode  : 2") == 2, r.stderr[-3000:]

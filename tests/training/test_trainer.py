@@ -57,14 +57,16 @@ def train_run(out: str, device_type: str = "cpu", kind: str = "hstu", **train) -
                       progress=False, log=lambda _m: None)
     res = trainer.fit()
     losses = [v for _, v in trainer.histories[kind]["loss"]]
-    return {"losses": losses, "valid": res["valid"], "test": res["test"],
+    ck = os.path.join(out, kind, "checkpoints", f"step_{STEPS:08d}")
+    shards = sorted(f for f in os.listdir(ck) if f.endswith(".distcp")) if os.path.isdir(ck) else []
+    return {"shards": shards, "losses": losses, "valid": res["valid"], "test": res["test"],
             "device": str(next(trainer.model.head.parameters()).device.type),
             "sharding": res["sharding"], "world": env.world_size}
 
 
 def _worker(rank: int, world: int, out: str, device_type: str, runs: list) -> list:
     """Every run of ``runs`` (train keyword arguments) in turn, in this process group."""
-    return [train_run(os.path.join(out, f"run{i}-r{rank}"), device_type, **train)
+    return [train_run(os.path.join(out, f"run{i}"), device_type, **train)
             for i, train in enumerate(runs)]
 
 
@@ -88,16 +90,19 @@ DROPOUT = {"batch_size": 8, "dropout": 0.1}
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """One process on cpu: the runs every other test compares with."""
-    return _run(tmp_path_factory.mktemp("ref"), 1, [NO_DROPOUT, DROPOUT])
+    return _run(tmp_path_factory.mktemp("ref"), 1,
+                [NO_DROPOUT, DROPOUT, dict(NO_DROPOUT, pipeline="base")])
 
 
 def test_single_process_trains(reference):
-    for r in reference:
+    for r in reference[:2]:
         assert len(r["losses"]) == STEPS and all(np.isfinite(r["losses"]))
         assert r["sharding"] == "row_wise" and r["device"] == "cpu" and r["world"] == 1
         assert 0 < r["valid"]["mrr"] <= 1 and 0 < r["test"]["mrr"] <= 1
     # dropout changes the losses (the comparison below is not vacuous)
     assert abs(reference[0]["losses"][-1] - reference[1]["losses"][-1]) > 1e-3
+    # TrainPipelineBase trains exactly like TrainPipelineSparseDist
+    _same(reference[0], reference[2])
 
 
 @pytest.mark.slow
@@ -107,11 +112,14 @@ def test_two_ranks_equal_one_process(tmp_path, reference):
     balancer.  Dropout 0: dropout masks are drawn per rank (with dropout, world sizes agree in
     distribution only)."""
     half = {"batch_size": 4, "dropout": 0.0}
-    runs = _run(tmp_path, 2, [half, dict(half, balance="all_to_all", planner="hierarchical"),
+    runs = _run(tmp_path, 2, [dict(half, checkpoint_every=STEPS),
+                              dict(half, balance="all_to_all", planner="hierarchical"),
                               dict(half, balance="collator")])
     for r in runs:
         assert r["world"] == 2
         _same(reference[0], r)
+    # the sharded checkpoint holds both ranks' shards
+    assert runs[0]["shards"] == ["__0_0.distcp", "__1_0.distcp"]
 
 
 @pytest.mark.slow
@@ -131,3 +139,39 @@ def test_total_steps_from_steps_or_epochs():
     assert total_steps(tiny_config(steps=None, epochs=2.5), 10) == 25
     assert total_steps(tiny_config(steps=None), 10) == DEFAULT_EPOCHS * 10
     assert total_steps(tiny_config(steps=None, epochs=0.01), 10) == 1
+
+
+@pytest.mark.parametrize("restore", [False, True])
+def test_early_stopping_watches_validation(tmp_path, monkeypatch, restore):
+    """Validation NDCG@5 1.0, 0.9, 0.8 at steps 1, 2, 3 with patience 2: training stops after
+    step 3, the best validation step is 1, the test is computed once at the end -- with the
+    step-1 model when ``eval.restore_best`` (its dense weights come back), else the final one."""
+    import torch.distributed as dist
+
+    env = init_distributed("cpu")
+    try:
+        cfg = tiny_config(steps=6, eval_every=1, early_stopping_patience=2)
+        cfg.eval.restore_best = restore
+        trainer = Trainer(cfg, leave_two_out(tiny_sequences()), env, str(tmp_path), "hstu",
+                          peak_flops=1e9, progress=False, log=lambda _m: None)
+        calls, snapshots = [], []
+
+        def fake(which, limit=None):
+            calls.append(which)
+            snapshots.append([p.detach().clone() for p in trainer.model.head.parameters()])
+            value = 1.0 - 0.1 * (len(calls) - 1)
+            return {k: value for k in ("hr@5", "hr@20", "ndcg@5", "ndcg@20", "mrr")}
+
+        monkeypatch.setattr(trainer, "evaluate", fake)
+        res = trainer.fit()
+    finally:
+        if env.created:
+            dist.destroy_process_group()
+    assert res["steps"] == 3 and res["stopped_early"]
+    assert res["best_valid"] == {"step": 1, "ndcg@5": 1.0}
+    assert calls == ["valid", "valid", "valid", "valid", "test"]
+    final, at_step1, at_step3 = snapshots[-1], snapshots[0], snapshots[2]
+    assert not all(torch.equal(a, b) for a, b in zip(at_step1, at_step3))
+    want = at_step1 if restore else at_step3
+    assert all(torch.equal(a, b) for a, b in zip(final, want))
+    assert res["restored_step"] == (1 if restore else None)

@@ -177,5 +177,6 @@ class GenerativeRetrieval(nn.Module):
         self.head = SequenceHead(cfg, encoder, temperature)
 
     def forward(self, batch: SequenceBatch):
-        """Training loss of one batch: ``(loss, (loss.detach(), stats))`` (:class:`SequenceHead`)."""
+        """Training loss of one batch: ``(loss, (loss.detach(), stats))``
+        (:class:`SequenceHead`)."""
         return self.head(self.ec(batch.kjt), batch)

@@ -32,7 +32,8 @@ class SASRecEncoder(nn.Module):
                  max_seq_len: int, dropout: float = 0.0) -> None:
         super().__init__()
         if embedding_dim % num_heads:
-            raise ValueError(f"num_heads: {num_heads} does not divide embedding_dim={embedding_dim}")
+            raise ValueError(f"num_heads: {num_heads} does not divide "
+                             f"embedding_dim={embedding_dim}")
         self.embedding_dim, self.num_layers, self.ffn_dim = embedding_dim, num_layers, ffn_dim
         self.max_seq_len = max_seq_len
         self.pos = nn.Embedding(max_seq_len, embedding_dim)

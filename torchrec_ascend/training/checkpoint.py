@@ -125,7 +125,8 @@ def latest(root: str) -> Optional[str]:
     except OSError:
         pass
     done = sorted(d for d in os.listdir(ckdir)
-                  if d.startswith("step_") and ".tmp" not in d and _complete(os.path.join(ckdir, d)))
+                  if d.startswith("step_") and ".tmp" not in d
+                  and _complete(os.path.join(ckdir, d)))
     return os.path.join(ckdir, done[-1]) if done else None
 
 

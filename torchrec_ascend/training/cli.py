@@ -16,6 +16,7 @@ exit status 2 (on every rank), nothing written into an existing output folder.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -51,7 +52,7 @@ def common_overrides(args: argparse.Namespace) -> List[str]:
     if args.epochs is not None:
         sets += [f"train.epochs={args.epochs}", "train.steps=null"]
     if args.models:
-        sets.append("models=" + ",".join(f'"{m}"' for m in args.models.split(",")).join("[]"))
+        sets.append("models=" + json.dumps(args.models.split(",")))
     if args.threads is not None:
         sets.append(f"train.threads={args.threads}")
     return sets

@@ -122,13 +122,16 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     """Evaluation: cut-offs ``ks``, users per scoring batch, the number of validation users of
-    periodic evaluations (None: all; the final validation and test use every user) and the
-    validation ``metric`` early stopping watches."""
+    periodic evaluations (None: all; the final validation and test use every user), the
+    validation ``metric`` early stopping watches, and ``restore_best``: keep a checkpoint of
+    the best periodic validation (``<out>/<model>/best/``) and compute the final validation and
+    test with it (False: with the final model)."""
 
     ks: List[int] = field(default_factory=lambda: [10, 50, 200])
     batch_size: int = 256
     eval_users: Optional[int] = None
     metric: str = "ndcg@10"
+    restore_best: bool = False
 
 
 @dataclass
@@ -242,7 +245,8 @@ def _validate(cfg: ExperimentConfig) -> None:
     if d.positive is not None:
         bad = set(d.positive) - {"any_of", "none_of"}
         if bad:
-            raise ConfigError("data.positive", f"unknown keys {sorted(bad)} (known: any_of, none_of)")
+            raise ConfigError("data.positive",
+                              f"unknown keys {sorted(bad)} (known: any_of, none_of)")
         if d.source == "table" and not d.action_cols:
             raise ConfigError("data.positive", "a positive rule needs data.action_cols")
     if d.synthetic and d.source != "synthetic":
@@ -319,6 +323,9 @@ def _validate(cfg: ExperimentConfig) -> None:
     _positive_int("eval.batch_size", e.batch_size)
     if e.eval_users is not None:
         _positive_int("eval.eval_users", e.eval_users)
+    if e.restore_best and not t.eval_every:
+        raise ConfigError("eval.restore_best", "needs train.eval_every > 0 (the best model is "
+                                               "chosen on periodic validation)")
     allowed = [f"hr@{k}" for k in e.ks] + [f"ndcg@{k}" for k in e.ks] + ["mrr"]
     _one_of("eval.metric", e.metric, allowed)
 

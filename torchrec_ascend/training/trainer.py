@@ -126,6 +126,7 @@ class Trainer:
         self.histories = histories if histories is not None else {}
         self._log = log
         self.root = f"{out}/{kind}"
+        self.best_root = f"{self.root}/best"
         self.evaluator = Evaluator(split, cfg.model.max_seq_len, cfg.eval.ks, cfg.eval.batch_size)
         self._build()
 
@@ -195,7 +196,9 @@ class Trainer:
 
     def evaluate(self, which: str, limit: Optional[int] = None) -> Dict[str, float]:
         """Metrics on ``which`` (``valid`` / ``test``), pipeline detached (collective)."""
-        self.pipeline.detach()
+        detach = getattr(self.pipeline, "detach", None)  # pipelines that rewrite the model
+        if detach is not None:
+            detach()
         users = eval_users(self.split.num_users, self.env.rank, self.env.world_size, limit)
         return self.evaluator.evaluate(self.model, which, users, self.env.device)
 
@@ -276,6 +279,13 @@ class Trainer:
             if bar is not None:
                 bar.close()
             self.builder.close()
+        restored = None
+        if e.restore_best and stop_state["best_step"] not in (None, step):
+            best = ckpt.latest(self.best_root)
+            if best is None:
+                raise RuntimeError(f"eval.restore_best: no checkpoint under {self.best_root}")
+            restored = int(ckpt.load(best, self.dmp, self.optimizer)["step"])
+            self.say(f"[{self.kind}] restored the best validation model (step {restored})")
         valid = self.evaluate("valid")
         test = self.evaluate("test")
         for name, met in (("valid", valid), ("test", test)):
@@ -290,6 +300,7 @@ class Trainer:
                 "mfu": perf[-1]["mfu"] if perf else None, "steps": step,
                 "stopped_early": bool(stop_state["stopped"]),
                 "best_valid": {"step": stop_state["best_step"], e.metric: stop_state["best"]},
+                "restored_step": restored,
                 "evals": history["eval"], "sharding": self.sharding_type,
                 "world_size": self.env.world_size}
 
@@ -321,6 +332,9 @@ class Trainer:
         value = met[e.metric]
         if stop_state["best"] is None or value > stop_state["best"]:
             stop_state.update(best=value, best_step=step, bad=0)
+            if e.restore_best:
+                ckpt.save(self.best_root, step, self.dmp, self.optimizer,
+                          {"history": history, "early_stopping": stop_state}, keep=1)
         else:
             stop_state["bad"] += 1
             if t.early_stopping_patience and stop_state["bad"] >= t.early_stopping_patience:
