@@ -148,3 +148,29 @@ def test_staleness_with_custom_data_parallel_wrapper_is_an_error():
     with pytest.raises(ValueError, match="data_parallel_wrapper"):
         DistributedModelParallel(torch.nn.Linear(2, 2), staleness=1,
                                  data_parallel_wrapper=DefaultDataParallelWrapper())
+
+
+EXPECTED_STAGES = {
+    "sync": {"batch_copy", "dense_fwd", "dense_bwd", "optimizer"},
+    "sparse_dist": {"batch_copy", "input_dist", "dense_fwd", "dense_bwd", "optimizer"},
+    "semi_async": {"lookup", "dense_fwd", "dense_bwd", "sparse_bwd", "optimizer"},
+}
+
+
+@pytest.mark.slow
+def test_every_step_has_a_record(results):
+    for per_run in results:
+        for run in [*OURS0, *STALE]:
+            stats = per_run[RUNS.index(run)]["stats"]
+            kind = run[1]
+            assert [r["step"] for r in stats] == list(range(STEPS)), run
+            for r in stats:
+                assert r["pipeline"] == kind and 0.0 <= r["busy_fraction"] <= 1.0
+            # a step in the middle runs every stage (the last ones have no later batch to
+            # dist or look up)
+            assert EXPECTED_STAGES[kind] <= set(stats[1]["stages_ms"]), (run, stats[1])
+            # the compute thread's stages of a step fit inside its wall time (batch_copy of
+            # semi_async runs on the prefetch thread and is left out)
+            for r in stats[1:]:
+                main = sum(v for k, v in r["stages_ms"].items() if k != "batch_copy")
+                assert main <= r["step_ms"] * 1.01 + 0.05, (run, r)
