@@ -7,10 +7,11 @@ Adam on the dense part), random-walk item sequences of length 16..64, 16 sequenc
 
 1. **Modes** (one 2-rank run per alternation): three models (sync and sparse_dist under our
    DMP with staleness 0 — TorchRec's DMP exactly — and semi_async under staleness ``k``, default
-   1) are built once; every round runs ``steps`` steps of each mode, the order rotating round
-   by round, after a barrier.  ``step_s`` = median over rounds of the round's mean step time on
-   rank 0; ``busy_fraction`` and ``stages_ms`` are the means of the pipelines' own per-step
-   records (:mod:`torchrec_ascend.distributed.train_pipeline.stages`).
+   1) are built once; every round runs ``steps`` steps (2; quick: 1) of each mode, the order
+   rotating round by round, after a barrier: the modes alternate every step or two, so a
+   change of machine load hits them alike.  ``step_s`` = median over rounds of the round's
+   mean step time on rank 0; ``busy_fraction`` and ``stages_ms`` are the means of the
+   pipelines' own per-step records (:mod:`torchrec_ascend.distributed.train_pipeline.stages`).
 2. **Scaling**: the same per-rank batch on 1 rank (a separate 1-process run, alternated with
    the 2-rank runs), sync and semi_async; ``scaling_efficiency`` = tokens/s on 2 ranks /
    (2 x tokens/s on 1 rank).
@@ -21,7 +22,7 @@ The KuaiRand NDCG comparison of staleness 1 / 2 against synchronous training nee
 
     python benchmarks/pipeline.py            # full
     python benchmarks/pipeline.py --quick    # < 60 s
-Writes benchmarks/results/pipeline.json (``--quick``: pipeline_quick.json) and pipeline.png.
+Writes benchmarks/results/pipeline.json and pipeline.png (``--quick``: pipeline_quick.*).
 """
 
 from __future__ import annotations
@@ -46,11 +47,13 @@ from benchmarks.common import RESULTS_DIR, print_table, write_json  # noqa: E402
 MODES = ("sync", "sparse_dist", "semi_async")
 
 
-def _batches(shape, rank: int, tokens: List[int]) -> Iterator:
+def _batches(shape, rank: int, tokens: List[int], count: int) -> Iterator:
+    """Exactly ``count`` batches: every rank's pipeline reads and drains the same number, so
+    every launched collective is waited before the process group goes away."""
     from torchrec_ascend.testing.pipeline_workload import hstu_batch
 
     step = 0
-    while True:
+    while step < count:
         batch = hstu_batch(shape, rank, step)
         tokens.append(int(batch.items.lengths().sum()))
         step += 1
@@ -77,16 +80,19 @@ def _worker(rank: int, world: int, modes: List[str], staleness: int, rounds: int
 
     shape = HSTUShape(**shape_kw)
     cpu = torch.device("cpu")
+    config = dataclasses.asdict(shape)
     pipes, iters, tokens = {}, {}, {}
     for mode in modes:
         k = staleness if mode == "semi_async" else 0
         model, opt = build_hstu(shape, k, cpu)
         pipes[mode] = make_train_pipeline(mode, model, opt, cpu)
         tokens[mode] = []
-        iters[mode] = _batches(shape, rank, tokens[mode])
+        iters[mode] = _batches(shape, rank, tokens[mode], warmup + rounds * steps)
         for _ in range(warmup):
             pipes[mode].progress(iters[mode])
-    out = {m: {"round_step_s": [], "records": [], "tokens": []} for m in modes}
+    out: Dict[str, object] = {m: {"round_step_s": [], "records": [], "tokens": []}
+                              for m in modes}
+    out["shape"] = config
     for r in range(rounds):
         order = list(modes[r % len(modes):]) + list(modes[:r % len(modes)])
         for mode in order:
@@ -104,8 +110,13 @@ def _worker(rank: int, world: int, modes: List[str], staleness: int, rounds: int
     for mode in modes:
         trained = pipes[mode].steps_done
         out[mode]["tokens_per_step"] = statistics.fmean(tokens[mode][warmup:trained])
-        if hasattr(pipes[mode], "close"):
-            pipes[mode].close()
+    for mode in modes:  # every batch is trained: this only confirms the end
+        try:
+            pipes[mode].progress(iters[mode])
+        except StopIteration:
+            pass
+        else:
+            raise RuntimeError(f"{mode}: a batch beyond warmup + rounds * steps was trained")
     if rank == 0 and png and "semi_async" in pipes:
         last = pipes["semi_async"].steps_done
         draw_timeline(pipes["semi_async"].timer.spans, png, steps=list(range(last - 4, last)),
@@ -134,14 +145,12 @@ def main() -> None:
     if args.staleness < 1:
         raise SystemExit(f"--staleness={args.staleness}: must be >= 1 (0 is the sync modes)")
     q = args.quick
-    args.alternations = args.alternations or (1 if q else 2)
-    args.rounds = args.rounds or (2 if q else 4)
-    args.steps = args.steps or (4 if q else 8)
-    args.warmup = args.warmup if args.warmup is not None else (2 if q else 3)
-    from torchrec_ascend.testing.pipeline_workload import HSTUShape
-
-    shape_kw = dataclasses.asdict(HSTUShape())
-    png = os.path.join(RESULTS_DIR, "pipeline.png")
+    args.alternations = args.alternations or (1 if q else 3)
+    args.rounds = args.rounds or (6 if q else 24)
+    args.steps = args.steps or (1 if q else 2)
+    args.warmup = args.warmup if args.warmup is not None else (1 if q else 3)
+    shape_kw: dict = {}  # HSTUShape's defaults (the workers report them)
+    png = os.path.join(RESULTS_DIR, "pipeline_quick.png" if q else "pipeline.png")
     t0 = time.time()
     load_before = os.getloadavg()
     two: List[List[dict]] = []
@@ -178,7 +187,7 @@ def main() -> None:
         result["step_s"]["sparse_dist"] / result["step_s"]["sync"], 4)}
     result["goals"] = {"semi_async_over_sync_step": "<= 0.8", "busy_fraction.semi_async":
                        ">= 0.9", "scaling_efficiency": ">= 0.95"}
-    result["config"] = {"shape": shape_kw, "staleness": args.staleness,
+    result["config"] = {"shape": two[0][0]["shape"], "staleness": args.staleness,
                         "alternations": args.alternations, "rounds": args.rounds,
                         "steps": args.steps, "warmup": args.warmup, "threads_per_rank": 1,
                         "backend": "gloo", "quick": q}

@@ -19,7 +19,10 @@ import torch
 pytest.importorskip("torchrec")
 
 from torchrec_ascend.distributed import DistributedModelParallel  # noqa: E402
-from torchrec_ascend.distributed.semi_async import UnsyncedGradientsError, check_staleness  # noqa: E402
+from torchrec_ascend.distributed.semi_async import (  # noqa: E402
+    UnsyncedGradientsError,
+    check_staleness,
+)
 from torchrec_ascend.testing import torchrec_workload as W  # noqa: E402
 from torchrec_ascend.testing import pipeline_workload as SW  # noqa: E402
 from torchrec_ascend.testing.multiprocess import run_multiprocess  # noqa: E402
@@ -34,9 +37,20 @@ STALE = [("ours", "semi_async", k, "row_wise", STEPS) for k in (1, 2)]
 RUNS = [REF0, *OURS0, REF1, *STALE]
 
 
+def _all_worker(rank: int, world_size: int) -> dict:
+    """Every run of RUNS, then the unsynced-gradients check (one spawn for the module)."""
+    runs = SW.worker(rank, world_size, RUNS, {"track_versions": True})
+    return {"runs": runs, "unsynced": _unsynced_worker(rank, world_size)}
+
+
 @pytest.fixture(scope="module")
-def results():
-    return run_multiprocess(SW.worker, 2, (RUNS, {"track_versions": True}))
+def spawned():
+    return run_multiprocess(_all_worker, 2)
+
+
+@pytest.fixture(scope="module")
+def results(spawned):
+    return [r["runs"] for r in spawned]
 
 
 def _close(a: dict, b: dict, where: str) -> None:
@@ -82,7 +96,9 @@ def test_staleness_bound_proven_by_versions(results):
         assert max(abs(a - b) for a, b in zip(sync["losses"], k2["losses"])) > 1e-6
 
 
-def _unsynced_worker(rank: int, world_size: int) -> str:
+def _unsynced_worker(rank: int, world_size: int) -> dict:
+    from torchrec_ascend.distributed.train_pipeline import SyncPipeline
+
     model, opt = SW.build("ours", "row_wise", 1, torch.device("cpu"))
     assert model.dense_grad_sync is not None
     loss, _ = model(W.make_batch(rank, 0))
@@ -95,14 +111,28 @@ def _unsynced_worker(rank: int, world_size: int) -> str:
         message = ""
     model.dense_grad_sync.start()
     model.dense_grad_sync.wait()
-    model(W.make_batch(rank, 1))  # averaged: allowed again
-    return message
+    opt.zero_grad()
+    # SyncPipeline built directly over a staleness-1 model averages right after the backward
+    pipe = SyncPipeline(model, opt, torch.device("cpu"))
+    batches = iter([W.make_batch(rank, s) for s in range(1, 4)])
+    for _ in range(3):
+        pipe.progress(batches)
+    dense = {k: v.detach().clone() for k, v in model.state_dict().items()
+             if not k.startswith(("ebc.", "ec."))}
+    return {"message": message, "dense": dense}
 
 
 @pytest.mark.slow
-def test_unsynced_dense_gradients_are_an_error():
-    for message in run_multiprocess(_unsynced_worker, 2):
-        assert "staleness=1" in message and "never averaged" in message
+def test_unsynced_dense_gradients_are_an_error_and_averaging_keeps_ranks_equal(spawned):
+    results = [r["unsynced"] for r in spawned]
+    init = W.initial_state()
+    for r in results:
+        assert "staleness=1" in r["message"] and "never averaged" in r["message"]
+    for key, value in results[0]["dense"].items():
+        # rank batches differ, so only averaged gradients keep the replicas equal
+        torch.testing.assert_close(value, results[1]["dense"][key], atol=1e-7, rtol=1e-6,
+                                   msg=key)
+        assert float((value - init[key]).abs().max()) > 1e-5, f"{key} did not train"
 
 
 def test_check_staleness():
@@ -118,3 +148,29 @@ def test_staleness_with_custom_data_parallel_wrapper_is_an_error():
     with pytest.raises(ValueError, match="data_parallel_wrapper"):
         DistributedModelParallel(torch.nn.Linear(2, 2), staleness=1,
                                  data_parallel_wrapper=DefaultDataParallelWrapper())
+
+
+EXPECTED_STAGES = {
+    "sync": {"batch_copy", "dense_fwd", "dense_bwd", "optimizer"},
+    "sparse_dist": {"batch_copy", "input_dist", "dense_fwd", "dense_bwd", "optimizer"},
+    "semi_async": {"lookup", "dense_fwd", "dense_bwd", "sparse_bwd", "optimizer"},
+}
+
+
+@pytest.mark.slow
+def test_every_step_has_a_record(results):
+    for per_run in results:
+        for run in [*OURS0, *STALE]:
+            stats = per_run[RUNS.index(run)]["stats"]
+            kind = run[1]
+            assert [r["step"] for r in stats] == list(range(STEPS)), run
+            for r in stats:
+                assert r["pipeline"] == kind and 0.0 <= r["busy_fraction"] <= 1.0
+            # a step in the middle runs every stage (the last ones have no later batch to
+            # dist or look up)
+            assert EXPECTED_STAGES[kind] <= set(stats[1]["stages_ms"]), (run, stats[1])
+            # the compute thread's stages of a step fit inside its wall time (batch_copy of
+            # semi_async runs on the prefetch thread and is left out)
+            for r in stats[1:]:
+                main = sum(v for k, v in r["stages_ms"].items() if k != "batch_copy")
+                assert main <= r["step_ms"] * 1.01 + 0.05, (run, r)

@@ -91,14 +91,7 @@ def run(run: Run, device: torch.device = torch.device("cpu"), **pipeline_kw: Any
     rank = torch.distributed.get_rank()
     model, opt = build(dmp, sharding, staleness, device)
     pipe = pipeline_for(kind, model, opt, device, staleness, **pipeline_kw)
-    batches = iter([W.make_batch(rank, s) for s in range(steps)])
-    losses = []
-    while True:
-        try:
-            loss, _ = pipe.progress(batches)
-        except StopIteration:
-            break
-        losses.append(float(loss.detach().cpu()))
+    losses = W.progress_losses(pipe, iter([W.make_batch(rank, s) for s in range(steps)]))
     out = {"losses": losses, "state": state(model),
            "devices": sorted({t.device.type for v in model.state_dict().values()
                               for _, t in W._local_pieces(v)})}

@@ -53,6 +53,7 @@ __all__ = [
     "make_batch",
     "initial_state",
     "train",
+    "progress_losses",
     "assemble",
     "fbgemm_cpu_kernels",
 ]
@@ -223,6 +224,18 @@ def sharded_model(device: torch.device, sharding: Optional[Sharding]) -> Distrib
     return DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
 
 
+def progress_losses(pipe, batches) -> List[float]:
+    """``pipe.progress(batches)`` until StopIteration; the loss of every step (the model
+    returns ``(loss, (loss, logits))``)."""
+    losses = []
+    while True:
+        try:
+            loss, _ = pipe.progress(batches)
+        except StopIteration:
+            return losses
+        losses.append(float(loss.detach().cpu()))
+
+
 def train(device: torch.device, sharding: Optional[Sharding], pipeline: str, steps: int) -> dict:
     """Train ``steps`` steps of rank-specific batches through ``PIPELINES[pipeline]``.
 
@@ -237,14 +250,7 @@ def train(device: torch.device, sharding: Optional[Sharding], pipeline: str, ste
     dense = dict(in_backward_optimizer_filter(model.named_parameters()))
     dense_opt = KeyedOptimizerWrapper(dense, lambda params: torch.optim.SGD(params, lr=LR))
     pipe = PIPELINES[pipeline](model, dense_opt, device)
-    batches = iter([make_batch(rank, s) for s in range(steps)])
-    losses = []
-    while True:
-        try:
-            loss, _ = pipe.progress(batches)
-        except StopIteration:
-            break
-        losses.append(float(loss.detach().cpu()))
+    losses = progress_losses(pipe, iter([make_batch(rank, s) for s in range(steps)]))
     shards, devices = {}, set()
     for key, value in model.state_dict().items():
         if key.startswith(("ebc.", "ec.")):

@@ -9,7 +9,11 @@ import pytest
 
 pytest.importorskip("torchrec")
 
-from torchrec_ascend.distributed.train_pipeline.stages import COMPUTE_STAGES, STAGES, StageTimer  # noqa: E402
+from torchrec_ascend.distributed.train_pipeline.stages import (  # noqa: E402
+    COMPUTE_STAGES,
+    STAGES,
+    StageTimer,
+)
 
 
 def test_record_sums_stages_and_busy_fraction_counts_compute_on_the_main_thread():
