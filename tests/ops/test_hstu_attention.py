@@ -99,14 +99,20 @@ def _run(args, normalization, backend):
     return out, grad, leaves
 
 
-def _check(backend, args, normalization="max_len", rtol=2e-4, atol=2e-5):
-    out, grad, leaves = _run(args, normalization, backend)
+def _oracle_of(args, leaves, grad, normalization):
+    """The float64 oracle's output and leaves (with .grad) on the same values as ``leaves``."""
     ref_leaves = {n: t.detach().double().requires_grad_(True) for n, t in leaves.items()}
     full = {**args, **ref_leaves}
     expect = oracle(full["q"], full["k"], full["v"], args["offsets"], args["alpha"],
                     args["max_seq_len"], normalization == "seq_len", args["num_targets"],
                     args["contextual_seq_len"], full["pos_w"], full["ts_w"], args["timestamps"])
     expect.backward(grad.double())
+    return expect, ref_leaves
+
+
+def _check(backend, args, normalization="max_len", rtol=2e-4, atol=2e-5):
+    out, grad, leaves = _run(args, normalization, backend)
+    expect, ref_leaves = _oracle_of(args, leaves, grad, normalization)
     torch.testing.assert_close(out.double(), expect.detach(), rtol=rtol, atol=atol)
     for n, t in leaves.items():
         assert t.grad is not None, n
@@ -393,12 +399,7 @@ def _check_bf16(args, normalization):
     bias or missing tile gives (O(1) of the scale)."""
     out, grad, leaves = _run(args, normalization, "cpu_kernel")
     assert out.dtype == torch.bfloat16
-    ref_leaves = {n: t.detach().double().requires_grad_(True) for n, t in leaves.items()}
-    full = {**args, **ref_leaves}
-    expect = oracle(full["q"], full["k"], full["v"], args["offsets"], args["alpha"],
-                    args["max_seq_len"], normalization == "seq_len", args["num_targets"],
-                    args["contextual_seq_len"], full["pos_w"], full["ts_w"], args["timestamps"])
-    expect.backward(grad.double())
+    expect, ref_leaves = _oracle_of(args, leaves, grad, normalization)
     pairs = [("out", out, expect.detach())] + [
         (f"grad of {n}", t.grad, ref_leaves[n].grad) for n, t in leaves.items()]
     for name, got, want in pairs:
