@@ -1,17 +1,31 @@
-"""Fused jagged HSTU attention (csrc CPU kernel) vs the padded torch reference, on CPU.
+"""Fused jagged HSTU attention (csrc CPU kernel) vs a padded PyTorch implementation, on CPU.
 
-Usage: ``python benchmarks/hstu_attention.py [--quick]`` (``--quick``: max_len 256 only, fewer
-repeats, under 60 s).  Writes ``benchmarks/results/hstu_attention.json`` and prints a table.
+Usage: ``python benchmarks/hstu_attention.py [--quick]`` (``--quick``: max_len 256, fp32 and
+bf16, one round, under a minute).  Writes ``benchmarks/results/hstu_attention.json`` and prints a
+table.
 
-Per max_len: B=64 heavy-tailed lengths (mean about max_len / 4), H=4, d=64, fp32, relative bias
-(position + time buckets) on, the same inputs for both paths:
+The baseline (``"baseline": "padded"``) is what a user would otherwise run: the padded PyTorch
+HSTU attention of ``ops/reference/hstu.py`` -- sequences padded to ``[B, N, H, d]``, the score
+tensor ``[B, H, N, N]`` by einsum, the relative bias and the dense ``[B, N, N]`` mask in the run's
+dtype, SiLU, a second einsum (the shape of generative-recommenders' PyTorch HSTU attention) --
+called directly with torch autograd (one forward, one backward; not the registry's backward op,
+which re-runs the forward).  Both sides run on the same inputs in the same dtype, warmed up and
+timed by the same ``torch.utils.benchmark`` procedure, interleaved round by round
+(``benchmarks/side_by_side.py``).
 
-* ``fwd_speedup`` / ``fwdbwd_speedup``: reference time / fused time (forward; forward+backward);
+Per max_len (256, 1024, 4096) and dtype (fp32, bf16): heavy-tailed lengths (mean about max_len /
+4; the batch shrinks with max_len so the padded side fits in memory), H=4, d=64, relative bias
+(position + time buckets) on:
+
+* ``fwd_speedup`` / ``fwdbwd_speedup``: padded time / fused time (forward; forward+backward),
+  the median of per-round ratios;
 * ``peak_mem_ratio``: padded / fused peak memory of forward+backward, each measured in its own
   subprocess as the rise of the peak resident set size (``VmHWM``, reset through
-  ``/proc/self/clear_refs``) over the resident size just before the call (so torch's allocations are seen, not only Python's);
-* ``gemm_efficiency``: useful FLOP per second of the fused forward (causal: ``sum_b n_b (n_b + 1)
-  / 2`` pairs x H x (2 dqk + 2 dv)) over the fp32 ``torch.mm`` 2048x2048 rate of the same run.
+  ``/proc/self/clear_refs``) over the resident size just before the call;
+* ``fwd_gemm_efficiency`` / ``bwd_gemm_efficiency``: useful FLOP per second of the fused forward
+  (causal pairs ``sum_b n_b (n_b + 1) / 2`` x H x (2 dqk + 2 dv)) and backward (twice the
+  forward's: dS, dq, dk, dv products; backward time = fwd+bwd - fwd) over the ``torch.mm`` rate
+  of the row's dtype measured in the same run (``torchrec_ascend.device.measure_gemm_gflops``).
 """
 
 from __future__ import annotations
@@ -22,47 +36,71 @@ import os
 import resource
 import subprocess
 import sys
-from typing import Dict, Tuple
+from typing import Callable, Dict, Tuple
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import side_by_side  # noqa: E402
 
 import torchrec_ascend.ops as ops  # noqa: E402
-from torchrec_ascend.ops import cpu  # noqa: E402
-from torchrec_ascend.metrics import measure_peak_gemm_flops  # noqa: E402
+from torchrec_ascend import device  # noqa: E402
+from torchrec_ascend.ops import extension  # noqa: E402
 from torchrec_ascend.ops.hstu import hstu_mha  # noqa: E402
+from torchrec_ascend.ops.reference import hstu as padded  # noqa: E402
 
-B, H, D = 64, 4, 64
+H, D = 4, 64
+BATCH = {256: 64, 1024: 16, 4096: 2}  # padded [B, H, N, N] scores: 64 MiB .. 512 MiB in fp32
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 OPS = ["hstu_mha", "hstu_mha_backward"]
+TABLES = ("pos_w", "ts_w")
 
 
-def make_inputs(max_len: int, seed: int = 0) -> Tuple[Dict[str, torch.Tensor], torch.Tensor]:
+def make_inputs(max_len: int, dtype: torch.dtype, seed: int = 0) -> Tuple[Dict[str, torch.Tensor], torch.Tensor]:
     """Same inputs for every path (seeded): jagged q, k, v [T, H, D], offsets, bias tables."""
     g = torch.Generator().manual_seed(seed)
-    lengths = common.heavy_tailed_lengths(B, max_len, generator=g)
+    lengths = common.heavy_tailed_lengths(BATCH[max_len], max_len, generator=g)
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
     T = int(offsets[-1])
     args = dict(
-        q=torch.randn(T, H, D, generator=g), k=torch.randn(T, H, D, generator=g),
-        v=torch.randn(T, H, D, generator=g), offsets=offsets,
-        pos_w=torch.randn(2 * max_len - 1, generator=g) * 0.1,
-        ts_w=torch.randn(129, generator=g) * 0.1,
+        q=torch.randn(T, H, D, generator=g).to(dtype), k=torch.randn(T, H, D, generator=g).to(dtype),
+        v=torch.randn(T, H, D, generator=g).to(dtype), offsets=offsets,
+        pos_w=(torch.randn(2 * max_len - 1, generator=g) * 0.1).to(dtype),
+        ts_w=(torch.randn(129, generator=g) * 0.1).to(dtype),
         timestamps=torch.randint(0, 100_000, (T,), generator=g).cumsum(0),
     )
     return args, lengths
 
 
-def run(backend: str, args: Dict[str, torch.Tensor], max_len: int, backward: bool) -> None:
-    """One forward (and backward) of hstu_mha on ``backend``."""
-    leaves = {n: args[n].clone().requires_grad_(backward) for n in ("q", "k", "v", "pos_w", "ts_w")}
-    with ops.use_backend(backend, ops=OPS, device="cpu"):
-        out = hstu_mha(leaves["q"], leaves["k"], leaves["v"], args["offsets"], max_seq_len=max_len,
-                       alpha=D ** -0.5, pos_w=leaves["pos_w"], ts_w=leaves["ts_w"],
-                       timestamps=args["timestamps"])
-        if backward:
-            out.backward(torch.ones_like(out))
+def make_step(path: str, args: Dict[str, torch.Tensor], max_len: int, backward: bool) -> Callable[[], None]:
+    """One forward (and backward) of the ``fused`` or ``padded`` path, as a closure."""
+    leaves = {n: args[n].clone().requires_grad_(backward) for n in ("q", "k", "v") + TABLES}
+    grad = torch.ones(args["q"].shape[0], H, D, dtype=args["q"].dtype)
+    alpha = D ** -0.5
+
+    def fused() -> torch.Tensor:
+        with ops.use_backend("cpu_kernel", ops=OPS, device="cpu"):
+            return hstu_mha(leaves["q"], leaves["k"], leaves["v"], args["offsets"], max_seq_len=max_len,
+                            alpha=alpha, pos_w=leaves["pos_w"], ts_w=leaves["ts_w"],
+                            timestamps=args["timestamps"])
+
+    def dense() -> torch.Tensor:
+        return padded.hstu_mha(leaves["q"], leaves["k"], leaves["v"], args["offsets"], alpha, max_len,
+                               False, None, 0, leaves["pos_w"], leaves["ts_w"], args["timestamps"])
+
+    fwd = fused if path == "fused" else dense
+
+    def step() -> None:
+        if not backward:
+            with torch.no_grad():
+                fwd()
+            return
+        fwd().backward(grad)
+        for t in leaves.values():
+            t.grad = None
+
+    return step
 
 
 def _rss_bytes() -> int:
@@ -78,71 +116,84 @@ def _hwm_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def mem_worker(backend: str, max_len: int) -> None:
-    """Subprocess body: print the peak RSS rise (bytes) of one forward+backward on ``backend``."""
-    args, _ = make_inputs(max_len)
+def mem_worker(path: str, max_len: int, dtype_name: str) -> None:
+    """Subprocess body: print the peak RSS rise (bytes) of one forward+backward on ``path``."""
+    args, _ = make_inputs(max_len, DTYPES[dtype_name])
+    step = make_step(path, args, max_len, backward=True)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak (VmHWM) to the current resident size
     before = _rss_bytes()
-    run(backend, args, max_len, backward=True)
-    peak = _hwm_bytes()
-    print(json.dumps({"peak_rise_bytes": max(peak - before, 0)}))
+    step()
+    print(json.dumps({"peak_rise_bytes": max(_hwm_bytes() - before, 0)}))
 
 
-def peak_mem(backend: str, max_len: int) -> int:
+def peak_mem(path: str, max_len: int, dtype_name: str) -> int:
     """Peak RSS rise of one forward+backward, measured in a fresh subprocess."""
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--mem-worker", backend,
-                          str(max_len)], check=True, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--mem-worker", path,
+                          str(max_len), dtype_name], check=True, capture_output=True, text=True)
     return int(json.loads(out.stdout.strip().splitlines()[-1])["peak_rise_bytes"])
 
 
-def bench(max_len: int, gflops: float, quick: bool) -> Dict[str, object]:
-    args, lengths = make_inputs(max_len)
+def bench(max_len: int, dtype_name: str, peak_gflops: float, rounds: int) -> Dict[str, object]:
+    args, lengths = make_inputs(max_len, DTYPES[dtype_name])
     n = lengths.to(torch.float64)
-    pairs = float((n * (n + 1) / 2).sum())
-    fwd_flop = pairs * H * (2 * D + 2 * D)
-    ref_rep = dict(warmup=0, repeat=1)
-    fused_rep = dict(warmup=1, repeat=3 if quick else 5)
-    t = {}
-    for backend, rep in (("cpu_kernel", fused_rep), ("reference", ref_rep)):
-        for bwd in (False, True):
-            t[backend, bwd] = common.timeit(lambda: run(backend, args, max_len, bwd), **rep)
-    mem_fused, mem_ref = peak_mem("cpu_kernel", max_len), peak_mem("reference", max_len)
+    fwd_flop = float((n * (n + 1) / 2).sum()) * H * (2 * D + 2 * D)
+    steps = {f"{p}_{kind}": make_step(p, args, max_len, kind == "fwdbwd")
+             for p in ("fused", "padded") for kind in ("fwd", "fwdbwd")}
+    t = side_by_side.interleaved(steps, rounds=rounds, min_run_time=0.2)
+    ms = {k: v["ms"] for k, v in t.items()}
+    mem_fused, mem_padded = peak_mem("fused", max_len, dtype_name), peak_mem("padded", max_len, dtype_name)
+    fwd_gflops = fwd_flop / (ms["fused_fwd"] * 1e-3) / 1e9
+    bwd_ms = max(ms["fused_fwdbwd"] - ms["fused_fwd"], 1e-9)
+    bwd_gflops = 2 * fwd_flop / (bwd_ms * 1e-3) / 1e9
     return {
-        "max_len": max_len, "B": B, "H": H, "d": D, "T": int(lengths.sum()),
-        "mean_len": round(float(n.mean()), 1),
-        "fused_fwd_ms": t["cpu_kernel", False], "ref_fwd_ms": t["reference", False],
-        "fused_fwdbwd_ms": t["cpu_kernel", True], "ref_fwdbwd_ms": t["reference", True],
-        "fwd_speedup": t["reference", False] / t["cpu_kernel", False],
-        "fwdbwd_speedup": t["reference", True] / t["cpu_kernel", True],
-        "fused_peak_mb": mem_fused / 2 ** 20, "ref_peak_mb": mem_ref / 2 ** 20,
-        "peak_mem_ratio": mem_ref / max(mem_fused, 1),
-        "fused_fwd_gflops": fwd_flop / (t["cpu_kernel", False] * 1e-3) / 1e9,
-        "gemm_gflops": gflops,
-        "gemm_efficiency": fwd_flop / (t["cpu_kernel", False] * 1e-3) / 1e9 / gflops,
+        "max_len": max_len, "dtype": dtype_name, "baseline": "padded", "B": BATCH[max_len], "H": H, "d": D,
+        "T": int(lengths.sum()), "mean_len": round(float(n.mean()), 1),
+        "fused_fwd_ms": ms["fused_fwd"], "padded_fwd_ms": ms["padded_fwd"],
+        "fused_fwdbwd_ms": ms["fused_fwdbwd"], "padded_fwdbwd_ms": ms["padded_fwdbwd"],
+        "fwd_speedup": side_by_side.ratio(t, "padded_fwd", "fused_fwd"),
+        "fwdbwd_speedup": side_by_side.ratio(t, "padded_fwdbwd", "fused_fwdbwd"),
+        "fused_peak_mb": mem_fused / 2 ** 20, "padded_peak_mb": mem_padded / 2 ** 20,
+        "peak_mem_ratio": mem_padded / max(mem_fused, 1),
+        "fused_fwd_gflops": fwd_gflops, "fused_bwd_gflops": bwd_gflops,
+        "gemm_gflops": peak_gflops,
+        "fwd_gemm_efficiency": fwd_gflops / peak_gflops, "bwd_gemm_efficiency": bwd_gflops / peak_gflops,
+        "rounds_ms": {k: v["rounds_ms"] for k, v in t.items()},
     }
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="max_len 256 only (under 60 s)")
-    ap.add_argument("--mem-worker", nargs=2, metavar=("BACKEND", "MAX_LEN"), help=argparse.SUPPRESS)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="max_len 256, one round (under a minute)")
+    ap.add_argument("--max-len", type=int, nargs="*", choices=sorted(BATCH), help="lengths to run")
+    ap.add_argument("--mem-worker", nargs=3, metavar=("PATH", "MAX_LEN", "DTYPE"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.mem_worker:
-        mem_worker(a.mem_worker[0], int(a.mem_worker[1]))
+        mem_worker(a.mem_worker[0], int(a.mem_worker[1]), a.mem_worker[2])
         return 0
-    if cpu.kernel("hstu_mha_fwd") is None:
+    if extension.kernel("hstu_mha_fwd") is None:
         print("csrc extension not built (make build): nothing to compare", file=sys.stderr)
         return 1
-    gflops = measure_peak_gemm_flops() / 1e9
-    rows = [bench(L, gflops, a.quick) for L in ((256,) if a.quick else (256, 1024))]
-    common.print_table(rows, ["max_len", "T", "mean_len", "fused_fwd_ms", "ref_fwd_ms", "fwd_speedup",
-                              "fused_fwdbwd_ms", "ref_fwdbwd_ms", "fwdbwd_speedup", "fused_peak_mb",
-                              "ref_peak_mb", "peak_mem_ratio", "fused_fwd_gflops", "gemm_efficiency"])
+    lens = a.max_len or ([256] if a.quick else sorted(BATCH))
+    rounds = 1 if a.quick else 3
+    rows = []
+    for L in lens:
+        for name, dt in DTYPES.items():
+            # the dtype's GEMM peak, measured next to the row (the machine's speed drifts)
+            peak = device.measure_gemm_gflops("cpu", (dt,), n=1024, rounds=2)[dt]
+            rows.append(bench(L, name, peak, rounds))
+            print(f"max_len {L} {name}: done", flush=True)
+    common.print_table(rows, ["max_len", "dtype", "T", "fused_fwd_ms", "padded_fwd_ms", "fwd_speedup",
+                              "fused_fwdbwd_ms", "padded_fwdbwd_ms", "fwdbwd_speedup", "fused_peak_mb",
+                              "padded_peak_mb", "peak_mem_ratio", "gemm_gflops", "fwd_gemm_efficiency",
+                              "bwd_gemm_efficiency"])
     path = common.write_json("hstu_attention", {
-        "quick": a.quick, "goals": {"fwd_speedup": 3.0, "fwdbwd_speedup": 3.0, "peak_mem_ratio": 2.0},
+        "quick": a.quick, "rounds": rounds,
+        "timing": "torch.utils.benchmark blocked_autorange, fused and padded interleaved per round",
+        "gemm_capability": device.gemm_capability("cpu").as_dict(),
+        "goals": {"fwd_gemm_efficiency": 0.6, "bwd_gemm_efficiency": 0.6, "peak_mem_ratio": 2.0},
         "rows": rows})
-    print(f"fp32 GEMM {gflops:.1f} GFLOP/s; wrote {path}")
+    print(f"wrote {path}")
     return 0
 
 

@@ -3,7 +3,9 @@ offload.  CPU, HSTU-sized batches (T ~ 16k jagged tokens, D = 256).
 
 Usage: ``python benchmarks/negatives.py [--quick]``  ->  ``benchmarks/results/negatives.json``
 
-What is measured (all side by side in one run, same inputs):
+What is measured (all side by side in one run, same inputs; training steps and GEMMs are timed
+by ``torch.utils.benchmark`` with the contenders interleaved round by round,
+``benchmarks/side_by_side.py``, and ratios are medians of per-round ratios):
 
 * ``effective_negatives_ratio``: negatives per token of the shared pool (R) over those of
   per-token sampling (K), with the shared pool using *fewer* embedding lookups (R vs T*K) --
@@ -11,11 +13,11 @@ What is measured (all side by side in one run, same inputs):
   the per-token step's.  ``--quick`` measures R = 16 K; the full run sweeps R and also reports
   the largest R within 1.1x of the per-token step time.
 * fp16 / bf16 vs fp32 logits (forward + backward of the ``[T, D] x [D, R]`` GEMM path in the
-  loss): time, bytes saved for backward, loss and gradient error.  On this CPU half precision
-  is storage only unless oneDNN has a native half GEMM here (AVX512-BF16/AMX; checked per dtype
-  at run time and recorded in each row's ``gemm``): otherwise the rows are widened to fp32 for
-  the GEMM (native half GEMM on AVX2 is ~100x slower, measured here too), so fp16 costs time on
-  CPU and buys memory; on npu/cuda it is the fast path.
+  loss): time, bytes saved for backward, loss and gradient error.  Half compute runs where
+  ``torchrec_ascend.device`` measured that dtype's GEMM faster than fp32 on this machine
+  (recorded in each row's ``gemm``; AVX512-BF16 / AMX CPUs for bf16): elsewhere the rows are
+  widened to fp32 for the GEMM (native half GEMM on AVX2 is ~100x slower, measured here too),
+  so half precision is a storage format there; on npu/cuda it is the fast path.
 * ``async_hidden_fraction``: share of the per-step sampling + lookup cost that the background
   worker hides from the training loop, measured side by side: ``1 - exposed_async /
   exposed_sync`` where ``exposed`` = a steady-state step's wall time minus its training compute
@@ -38,9 +40,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import (heavy_tailed_lengths, print_table,  # noqa: E402
-                               timeit, write_json)
-from torchrec_ascend.metrics import measure_peak_gemm_flops  # noqa: E402
+from benchmarks import side_by_side  # noqa: E402
+from benchmarks.common import heavy_tailed_lengths, print_table, timeit, write_json  # noqa: E402
+from torchrec_ascend import device  # noqa: E402
 from torchrec_ascend.sampling import (AsyncNegativePrefetcher, MixedSampler,  # noqa: E402
                                       SampledSoftmaxLoss, UniformSampler, half_gemm_is_fast,
                                       half_logits)
@@ -90,24 +92,29 @@ class Setup:
 
 
 def bench_sharing(s: Setup, quick: bool) -> Dict[str, object]:
+    """Per-token K vs shared pools R, every configuration's training step timed side by side:
+    interleaved round by round (``side_by_side``), ratios from steps measured in the same round."""
     k = 4 if quick else 16
     mults = [16] if quick else [16, 32, 64, 128]
-    rep = 2 if quick else 5
     sampler = UniformSampler(s.num_items)
     g = torch.Generator().manual_seed(1)
-    t_pt = timeit(lambda: s.step(sampler, 0, k, g), warmup=1, repeat=rep)
+    steps = {"per_token": lambda: s.step(sampler, 0, k, g)}
+    for m in mults:
+        steps[f"shared_{m * k}"] = lambda r=m * k: s.step(sampler, r, 0, g)
+    t = side_by_side.interleaved(steps, rounds=2 if quick else 4, min_run_time=0.5 if quick else 1.0)
     rows = [{"config": f"per-token K={k}", "negatives_per_token": k, "lookups": s.t * k,
-             "step_ms": t_pt, "time_ratio": 1.0}]
+             "step_ms": t["per_token"]["ms"], "time_ratio": 1.0}]
     for m in mults:
         r = m * k
-        t_sh = timeit(lambda: s.step(sampler, r, 0, g), warmup=1, repeat=rep)
         rows.append({"config": f"shared R={r}", "negatives_per_token": r, "lookups": r,
-                     "step_ms": t_sh, "time_ratio": t_sh / t_pt})
+                     "step_ms": t[f"shared_{r}"]["ms"],
+                     "time_ratio": side_by_side.ratio(t, f"shared_{r}", "per_token")})
     main = rows[1]
     within = [r for r in rows[1:] if r["time_ratio"] <= 1.1]
     best = max(within, key=lambda r: r["negatives_per_token"]) if within else None
     return {
         "rows": rows,
+        "timing": "torch.utils.benchmark blocked_autorange, all configurations interleaved per round",
         "per_token_k": k,
         "shared_r": main["negatives_per_token"],
         "effective_negatives_ratio": main["negatives_per_token"] / k,
@@ -135,7 +142,7 @@ def _saved_bytes(fn) -> int:
     return sum(seen.values()), out
 
 
-def _logits_ms(q: torch.Tensor, n: torch.Tensor, dtype, rep: int) -> float:
+def _logits_step(q: torch.Tensor, n: torch.Tensor, dtype):
     """Forward + backward of the ``[T, D] x [D, R]`` logit GEMM alone (as the loss runs it)."""
     q, n = q.clone().requires_grad_(True), n.clone().requires_grad_(True)
     g = torch.randn(q.shape[0], n.shape[0])
@@ -145,49 +152,57 @@ def _logits_ms(q: torch.Tensor, n: torch.Tensor, dtype, rep: int) -> float:
         out.backward(g)
         q.grad = n.grad = None
 
-    return timeit(run, warmup=1, repeat=rep)
+    return run
 
 
 def bench_half(s: Setup, quick: bool) -> Dict[str, object]:
+    """fp32 / fp16 / bf16 logits: errors from one call each, then every loss step and logit GEMM
+    timed side by side (interleaved per round)."""
     r = 256 if quick else 4096
-    rep = 1 if quick else 5
     g = torch.Generator().manual_seed(2)
     neg = MixedSampler(s.num_items).sample(s.pos, r, g)
     ne = s.lookup(neg.ids).detach()
     pe = s.lookup(s.pos).detach()
     rows = []
     ref = None
+    steps = {}
     for hp in (None, "fp16", "bf16"):
         dt = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(hp)
         f = SampledSoftmaxLoss(temperature=0.05, half_precision=hp)
         q = s.query.detach().clone().requires_grad_(True)
         n = ne.clone().requires_grad_(True)
 
-        def run():
-            loss = f(q, s.pos, pe, neg, n)
-            loss.backward()
-            return loss
+        def run(f=f, q=q, n=n):
+            f(q, s.pos, pe, neg, n).backward()
+            q.grad = n.grad = None
 
-        # first call (also the warm-up): bytes saved for backward, loss and gradients
+        # first call: bytes saved for backward, loss and gradients
         nbytes, loss = _saved_bytes(lambda: f(q, s.pos, pe, neg, n))
         loss.backward()
         res = (float(loss.detach()), q.grad.clone(), n.grad.clone())
-        ms = timeit(lambda: (run(), setattr(q, "grad", None), setattr(n, "grad", None)),
-                    warmup=0, repeat=rep)
-        logit_ms = _logits_ms(q.detach(), n.detach(), dt, rep)
+        q.grad = n.grad = None
+        name = hp or "fp32"
+        steps[f"loss_{name}"] = run
+        steps[f"logits_{name}"] = _logits_step(q.detach(), n.detach(), dt)
         if ref is None:
             ref = res
         rows.append({
-            "precision": hp or "fp32",
+            "precision": name,
             "gemm": "fp32" if dt is None else ("half" if half_gemm_is_fast("cpu", dt) else
                                                "fp32 on widened half rows"),
-            "logits_fwd_bwd_ms": logit_ms, "loss_fwd_bwd_ms": ms,
             "gemm_operands_MB": (s.t + r) * s.d * (2 if hp else 4) / 2**20,
             "saved_for_backward_MB": nbytes / 2**20,
             "loss_abs_err": abs(res[0] - ref[0]),
             "grad_q_rel_err": float((res[1] - ref[1]).norm() / ref[1].norm()),
             "grad_neg_rel_err": float((res[2] - ref[2]).norm() / ref[2].norm()),
         })
+    t = side_by_side.interleaved(steps, rounds=1 if quick else 3, min_run_time=0.3 if quick else 1.0)
+    for row in rows:
+        name = row["precision"]
+        row["logits_fwd_bwd_ms"] = t[f"logits_{name}"]["ms"]
+        row["loss_fwd_bwd_ms"] = t[f"loss_{name}"]["ms"]
+        row["logits_time_vs_fp32"] = side_by_side.ratio(t, f"logits_{name}", "logits_fp32")
+        row["loss_time_vs_fp32"] = side_by_side.ratio(t, f"loss_{name}", "loss_fp32")
     # native half GEMM on this CPU, for the record (small shape: it is slow)
     a, b = torch.randn(512, s.d), torch.randn(s.d, 512)
     flops = 2 * 512 * 512 * s.d
@@ -280,7 +295,9 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.perf_counter()
     s = Setup(args.quick)
-    gflops = measure_peak_gemm_flops(1024 if args.quick else 2048) / 1e9
+    rates = device.measure_gemm_gflops("cpu", (torch.float32,) + tuple(
+        d for d in (torch.bfloat16, torch.float16) if d in device.gemm_capability("cpu").gflops), n=1024)
+    gflops = rates[torch.float32]
     print(f"T={s.t} jagged tokens (B={s.batch}, max_len={s.max_len}), D={s.d}, "
           f"items={s.num_items}, fp32 GEMM {gflops:.1f} GFLOP/s")
     sharing = bench_sharing(s, args.quick)
@@ -298,10 +315,11 @@ def main() -> None:
         "step_time_ratio": sharing["step_time_ratio"],
         "max_effective_ratio_within_1.1x_time": sharing["max_effective_ratio_within_1.1x_time"],
         "fp16_gemm_on_this_cpu": half["rows"][1]["gemm"],
-        "fp16_vs_fp32_logit_time_ratio":
-            half["rows"][1]["logits_fwd_bwd_ms"] / half["rows"][0]["logits_fwd_bwd_ms"],
-        "fp16_vs_fp32_loss_time_ratio":
-            half["rows"][1]["loss_fwd_bwd_ms"] / half["rows"][0]["loss_fwd_bwd_ms"],
+        "fp16_vs_fp32_logit_time_ratio": half["rows"][1]["logits_time_vs_fp32"],
+        "fp16_vs_fp32_loss_time_ratio": half["rows"][1]["loss_time_vs_fp32"],
+        "bf16_gemm_on_this_cpu": half["rows"][2]["gemm"],
+        "bf16_vs_fp32_logit_time_ratio": half["rows"][2]["logits_time_vs_fp32"],
+        "bf16_vs_fp32_loss_time_ratio": half["rows"][2]["loss_time_vs_fp32"],
         "fp16_vs_fp32_gemm_operand_bytes_ratio":
             half["rows"][1]["gemm_operands_MB"] / half["rows"][0]["gemm_operands_MB"],
         "fp16_vs_fp32_saved_bytes_ratio":
@@ -315,7 +333,8 @@ def main() -> None:
     print_table([{"metric": k, "value": v, "goal": goals.get(k, "")} for k, v in summary.items()])
     path = write_json("negatives", {
         "quick": args.quick, "tokens": s.t, "dim": s.d, "num_items": s.num_items,
-        "fp32_gemm_gflops": gflops, "summary": summary, "goals": goals,
+        "fp32_gemm_gflops": gflops, "gemm_gflops": {str(k).replace("torch.", ""): v for k, v in rates.items()},
+        "gemm_capability": device.gemm_capability("cpu").as_dict(), "summary": summary, "goals": goals,
         "sharing": sharing, "half_precision": half, "async": asyn,
         "seconds": time.perf_counter() - t0,
     })

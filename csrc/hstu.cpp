@@ -13,6 +13,7 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -414,14 +415,174 @@ void backward_impl(const Problem<scalar_t>& P, scalar_t* go, scalar_t* q, scalar
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// bfloat16 path: q, k, v, dO stay bf16 and every matrix product is a bf16 GEMM (oneDNN through
+// at::mm_out: AVX512-BF16 / AMX where the CPU has them) with fp32 accumulation inside the GEMM and
+// one rounding of its output; SiLU and its derivative run in fp32.  It is used only where bf16
+// GEMM was measured faster than fp32 (torchrec_ascend.device, which sets the switch below through
+// hstu_set_bf16_gemm); otherwise bf16 inputs are widened and computed in fp32.
+// Tiles are larger than fp32's (bf16 GEMM needs bigger products to reach its rate), and the
+// backward runs per key tile over *all* rows that see it, so dk and dv of a tile come from one
+// product each; dq is accumulated over key tiles in an fp32 buffer.
+using bf16 = c10::BFloat16;
+std::atomic<bool> g_bf16_gemm{false};
+constexpr int64_t kTileBf16 = 128;
+
+inline at::Tensor bview(const bf16* p, int64_t rows, int64_t cols, int64_t ld) {
+  return at::from_blob(const_cast<bf16*>(p), {rows, cols}, {ld, 1}, at::TensorOptions().dtype(at::kBFloat16));
+}
+
+// C [m, n] (contiguous scratch) = A B, bf16 operands (views), bf16 output
+inline void mm_bf16(bf16* C, int64_t m, int64_t n, const at::Tensor& A, const at::Tensor& B) {
+  if (m <= 0 || n <= 0) return;
+  at::Tensor Cv = at::from_blob(C, {m, n}, at::TensorOptions().dtype(at::kBFloat16));
+  at::mm_out(Cv, A, B);
+}
+
+inline void to_f32(const bf16* __restrict x, float* __restrict y, int64_t e) {
+  for (int64_t i = 0; i < e; ++i) y[i] = static_cast<float>(x[i]);
+}
+inline void to_bf16(const float* __restrict x, bf16* __restrict y, int64_t e, float mul = 1.0f) {
+  for (int64_t i = 0; i < e; ++i) y[i] = static_cast<bf16>(x[i] * mul);
+}
+// rows [0, m) of a [m, cols] contiguous buffer -> rows of a strided [*, ld] destination
+inline void put_rows(const bf16* src, int64_t m, int64_t cols, bf16* dst, int64_t ld) {
+  for (int64_t r = 0; r < m; ++r) std::copy(src + r * cols, src + (r + 1) * cols, dst + r * ld);
+}
+
+void forward_bf16(const Problem<float>& P, const bf16* q, const bf16* k, const bf16* v, bf16* out) {
+  struct Task { int64_t b, i0; int64_t cost; };
+  std::vector<Task> tasks;
+  for (int64_t b = 0; b < P.B; ++b) {
+    const int64_t n = P.len(b);
+    for (int64_t i0 = 0; i0 < n; i0 += kTileBf16) {
+      const int64_t i1 = std::min(i0 + kTileBf16, n);
+      tasks.push_back({b, i0, (i1 - i0) * P.key_end(i0, i1, n)});
+    }
+  }
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.cost > b.cost; });
+  const int64_t ntask = static_cast<int64_t>(tasks.size());
+  const int64_t ldq = P.H * P.dqk, ldv = P.H * P.dv;
+  const float alpha = static_cast<float>(P.alpha);
+#pragma omp parallel
+  {
+    std::vector<float> bias, scale, sf;
+    std::vector<bf16> sb, ob;
+    std::vector<int64_t> row_end;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < ntask; ++t) {
+      const int64_t b = tasks[t].b, i0 = tasks[t].i0, n = P.len(b), s0 = P.off[b];
+      const int64_t i1 = std::min(i0 + kTileBf16, n), m = i1 - i0, kend = P.key_end(i0, i1, n), e = m * kend;
+      bias.resize(e); scale.resize(e); sf.resize(e); sb.resize(e); ob.resize(m * P.dv); row_end.resize(m);
+      P.tile(b, i0, m, 0, kend, bias.data(), scale.data(), row_end.data());
+      for (int64_t h = 0; h < P.H; ++h) {
+        mm_bf16(sb.data(), m, kend, bview(q + (s0 + i0) * ldq + h * P.dqk, m, P.dqk, ldq),
+                bview(k + s0 * ldq + h * P.dqk, kend, P.dqk, ldq).t());              // S = Q K^T
+        to_f32(sb.data(), sf.data(), e);
+        for (int64_t r = 0; r < m; ++r) {
+          float* srow = sf.data() + r * kend;
+          silu_fwd_f32(srow, bias.data() + r * kend, scale.data() + r * kend, alpha, row_end[r]);
+          std::fill(srow + row_end[r], srow + kend, 0.0f);
+        }
+        to_bf16(sf.data(), sb.data(), e);                                             // P (bf16)
+        mm_bf16(ob.data(), m, P.dv, bview(sb.data(), m, kend, kend),
+                bview(v + s0 * ldv + h * P.dv, kend, P.dv, ldv));                     // O = P V
+        put_rows(ob.data(), m, P.dv, out + (s0 + i0) * ldv + h * P.dv, ldv);
+      }
+    }
+  }
+}
+
+void backward_bf16(const Problem<float>& P, const bf16* go, const bf16* q, const bf16* k, const bf16* v,
+                   bf16* dq, bf16* dk, bf16* dv, std::vector<double>& dpos, std::vector<double>& dts) {
+  std::vector<int64_t> order(P.B);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return P.len(a) > P.len(b); });
+  int nthreads = 1;
+#ifdef _OPENMP
+  nthreads = omp_get_max_threads();
+#endif
+  std::vector<double> dpos_t(P.pos_w ? nthreads * P.npos : 0, 0.0);
+  std::vector<double> dts_t(P.ts_w ? nthreads * P.nts : 0, 0.0);
+  const float alpha = static_cast<float>(P.alpha);
+  const int64_t ldq = P.H * P.dqk, ldv = P.H * P.dv;
+#pragma omp parallel num_threads(nthreads)
+  {
+    int tid = 0;
+#ifdef _OPENMP
+    tid = omp_get_thread_num();
+#endif
+    double* my_dpos = P.pos_w ? dpos_t.data() + tid * P.npos : nullptr;
+    double* my_dts = P.ts_w ? dts_t.data() + tid * P.nts : nullptr;
+    std::vector<float> bias, scale, sf, pf, df, gsum, dqa;
+    std::vector<bf16> sb, db, tmp;
+    std::vector<int64_t> row_end;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t oi = 0; oi < P.B; ++oi) {
+      const int64_t b = order[oi], n = P.len(b), s0 = P.off[b];
+      dqa.assign(n * ldq, 0.0f);  // dq of this sequence, accumulated over key tiles in fp32
+      for (int64_t j0 = 0; j0 < n; j0 += kTileBf16) {
+        const int64_t w = std::min(kTileBf16, n - j0);
+        // every row that can see keys [j0, j0 + w): rows >= j0, and with a contextual prefix all
+        // rows (the prefix sees every key; the rows between are masked to zero)
+        const int64_t r0 = P.ctx > 0 ? 0 : j0, m = n - r0, e = m * w;
+        bias.resize(e); scale.resize(e); sf.resize(e); pf.resize(e); df.resize(e);
+        sb.resize(e); db.resize(e); gsum.assign(e, 0.0f); row_end.resize(m);
+        tmp.resize(std::max(m, w) * std::max(P.dqk, P.dv));
+        P.tile(b, r0, m, j0, w, bias.data(), scale.data(), row_end.data());
+        for (int64_t h = 0; h < P.H; ++h) {
+          const bf16* qh = q + (s0 + r0) * ldq + h * P.dqk;
+          const bf16* kh = k + (s0 + j0) * ldq + h * P.dqk;
+          const bf16* vh = v + (s0 + j0) * ldv + h * P.dv;
+          const bf16* goh = go + (s0 + r0) * ldv + h * P.dv;
+          mm_bf16(sb.data(), m, w, bview(qh, m, P.dqk, ldq), bview(kh, w, P.dqk, ldq).t());   // S = Q K^T
+          mm_bf16(db.data(), m, w, bview(goh, m, P.dv, ldv), bview(vh, w, P.dv, ldv).t());    // dP = dO V^T
+          to_f32(sb.data(), sf.data(), e);
+          to_f32(db.data(), df.data(), e);
+          for (int64_t r = 0; r < m; ++r) {
+            const int64_t o = r * w, len = row_end[r];
+            silu_bwd_f32(sf.data() + o, bias.data() + o, scale.data() + o, alpha, len, pf.data() + o,
+                         df.data() + o, gsum.data() + o);
+            std::fill(pf.data() + o + len, pf.data() + o + w, 0.0f);
+            std::fill(df.data() + o + len, df.data() + o + w, 0.0f);
+          }
+          to_bf16(pf.data(), sb.data(), e);           // P
+          to_bf16(df.data(), db.data(), e, alpha);    // alpha dS
+          mm_bf16(tmp.data(), w, P.dv, bview(sb.data(), m, w, w).t(), bview(goh, m, P.dv, ldv));   // dv = P^T dO
+          put_rows(tmp.data(), w, P.dv, dv + (s0 + j0) * ldv + h * P.dv, ldv);
+          mm_bf16(tmp.data(), w, P.dqk, bview(db.data(), m, w, w).t(), bview(qh, m, P.dqk, ldq));  // dk = a dS^T Q
+          put_rows(tmp.data(), w, P.dqk, dk + (s0 + j0) * ldq + h * P.dqk, ldq);
+          mm_bf16(tmp.data(), m, P.dqk, bview(db.data(), m, w, w), bview(kh, w, P.dqk, ldq));      // dq += a dS K
+          for (int64_t r = 0; r < m; ++r) {
+            float* acc = dqa.data() + (r0 + r) * ldq + h * P.dqk;
+            const bf16* src = tmp.data() + r * P.dqk;
+            for (int64_t c = 0; c < P.dqk; ++c) acc[c] += static_cast<float>(src[c]);
+          }
+        }
+        if (P.pos_w || P.ts_w) P.tile_grad(b, r0, m, j0, w, gsum.data(), scale.data(), my_dpos, my_dts);
+      }
+      to_bf16(dqa.data(), dq + s0 * ldq, n * ldq);
+    }
+  }
+  for (int t = 0; t < nthreads; ++t) {
+    for (int64_t i = 0; i < (P.pos_w ? P.npos : 0); ++i) dpos[i] += dpos_t[t * P.npos + i];
+    for (int64_t i = 0; i < (P.ts_w ? P.nts : 0); ++i) dts[i] += dts_t[t * P.nts + i];
+  }
+}
+
 std::vector<int64_t> int_vec(const at::Tensor& t) {
   auto c = t.to(at::kLong).contiguous();
   const int64_t* p = c.data_ptr<int64_t>();
   return std::vector<int64_t>(p, p + c.numel());
 }
 
-// Compute dtype: float for half / bfloat16 inputs (CPU half GEMM is ~100x slower), else as is.
+// bf16 inputs take the bf16-GEMM path where it was switched on (measured faster than fp32).
+bool bf16_path(const at::Tensor& q) { return q.scalar_type() == at::kBFloat16 && g_bf16_gemm.load(); }
+
+// Compute dtype of the GEMMs' operands: bf16 on the bf16 path; float for other half / bfloat16
+// inputs (on CPUs without half GEMM instructions it is ~100x slower than fp32); else as is.
 at::ScalarType compute_type(const at::Tensor& q) {
+  if (bf16_path(q)) return at::kBFloat16;
   return (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) ? at::kFloat : q.scalar_type();
 }
 
@@ -438,6 +599,7 @@ Inputs prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
                         v.size(1) == q.size(1),
                     "hstu_mha: q, k [T, H, dqk] and v [T, H, dv] expected");
   const auto ct = compute_type(q);
+  const auto table_t = ct == at::kBFloat16 ? at::kFloat : ct;  // bias tables: fp32 on the bf16 path
   Inputs in;
   in.q = q.to(ct).contiguous();
   in.k = k.to(ct).contiguous();
@@ -445,10 +607,10 @@ Inputs prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
   in.off = int_vec(offsets);
   TORCH_CHECK(!in.off.empty() && in.off.back() <= q.size(0), "offsets: invalid for T=", q.size(0));
   if (num_targets.has_value()) in.nt = int_vec(*num_targets);
-  if (pos_w.has_value()) in.pos_w = pos_w->to(ct).contiguous();
+  if (pos_w.has_value()) in.pos_w = pos_w->to(table_t).contiguous();
   if (ts_w.has_value()) {
     TORCH_CHECK(timestamps.has_value(), "ts_w needs timestamps");
-    in.ts_w = ts_w->to(ct).contiguous();
+    in.ts_w = ts_w->to(table_t).contiguous();
     in.ts = timestamps->to(at::kLong).contiguous();
     in.bucketer = std::make_unique<Bucketer>(in.ts_w.numel() - 1);
   }
@@ -510,6 +672,16 @@ void hstu_mha_fwd_out(const at::Tensor& out, const at::Tensor& q, const at::Tens
   Inputs in = prepare(q, k, v, offsets, num_targets, pos_w, ts_w, timestamps);
   check_out("out", out, {q.size(0), q.size(1), v.size(2)}, q.scalar_type());
   at::Tensor work = work_buffer(out, in.q.scalar_type());
+  if (in.q.scalar_type() == at::kBFloat16) {
+    auto P = problem<float>(in, alpha, max_seq_len, norm_by_seq_len, contextual_seq_len);
+    bf16* o = work.data_ptr<bf16>();
+    const int64_t row = P.H * P.dv;
+    zero_rows(o, 0, P.off.front(), row);
+    zero_rows(o, P.off.back(), q.size(0), row);
+    forward_bf16(P, in.q.data_ptr<bf16>(), in.k.data_ptr<bf16>(), in.v.data_ptr<bf16>(), o);
+    if (!work.is_same(out)) out.copy_(work);
+    return;
+  }
   AT_DISPATCH_FLOATING_TYPES(in.q.scalar_type(), "hstu_mha_fwd", [&] {
     auto P = problem<scalar_t>(in, alpha, max_seq_len, norm_by_seq_len, contextual_seq_len);
     scalar_t* o = work.data_ptr<scalar_t>();
@@ -554,6 +726,26 @@ void hstu_mha_bwd_out(const at::Tensor& dq, const at::Tensor& dk, const at::Tens
   check_out("dts", dts, {in.ts_w.defined() ? in.ts_w.numel() : 0}, st);
   at::Tensor go = grad_out.to(ct).contiguous();
   at::Tensor wq = work_buffer(dq, ct), wk = work_buffer(dk, ct), wv = work_buffer(dv, ct);
+  auto put = [](const at::Tensor& dst, const std::vector<double>& src) {
+    at::Tensor d64 = at::from_blob(const_cast<double*>(src.data()), {static_cast<int64_t>(src.size())},
+                                   at::TensorOptions().dtype(at::kDouble));
+    dst.copy_(d64);
+  };
+  if (ct == at::kBFloat16) {
+    auto P = problem<float>(in, alpha, max_seq_len, norm_by_seq_len, contextual_seq_len);
+    bf16 *gq = wq.data_ptr<bf16>(), *gk = wk.data_ptr<bf16>(), *gv = wv.data_ptr<bf16>();
+    const int64_t T = q.size(0);
+    for (const auto& [ptr, d] : {std::pair<bf16*, int64_t>{gq, P.dqk}, {gk, P.dqk}, {gv, P.dv}}) {
+      zero_rows(ptr, 0, P.off.front(), P.H * d);
+      zero_rows(ptr, P.off.back(), T, P.H * d);
+    }
+    std::vector<double> gp(dpos.numel(), 0.0), gt(dts.numel(), 0.0);
+    backward_bf16(P, go.data_ptr<bf16>(), in.q.data_ptr<bf16>(), in.k.data_ptr<bf16>(), in.v.data_ptr<bf16>(),
+                  gq, gk, gv, gp, gt);
+    put(dpos, gp);
+    put(dts, gt);
+    return;
+  }
   AT_DISPATCH_FLOATING_TYPES(ct, "hstu_mha_bwd", [&] {
     auto P = problem<scalar_t>(in, alpha, max_seq_len, norm_by_seq_len, contextual_seq_len);
     scalar_t *gq = wq.data_ptr<scalar_t>(), *gk = wk.data_ptr<scalar_t>(), *gv = wv.data_ptr<scalar_t>();
@@ -567,11 +759,6 @@ void hstu_mha_bwd_out(const at::Tensor& dq, const at::Tensor& dk, const at::Tens
     backward_impl<scalar_t>(P, go.data_ptr<scalar_t>(), in.q.data_ptr<scalar_t>(), in.k.data_ptr<scalar_t>(),
                             in.v.data_ptr<scalar_t>(), gq, gk, gv, gp, gt);
     // table gradients: accumulated in float64, every entry written here
-    auto put = [](const at::Tensor& dst, const std::vector<double>& src) {
-      at::Tensor d64 = at::from_blob(const_cast<double*>(src.data()), {static_cast<int64_t>(src.size())},
-                                     at::TensorOptions().dtype(at::kDouble));
-      dst.copy_(d64);
-    };
     put(dpos, gp);
     put(dts, gt);
   });
@@ -596,6 +783,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> hstu_mha_
 }
 
 void bind_hstu(pybind11::module& m) {
+  m.def("hstu_set_bf16_gemm", [](bool on) { g_bf16_gemm.store(on); },
+        "bf16 inputs: compute with bf16 GEMMs (true; where measured faster) or widen to fp32 (false, the default)");
+  m.def("hstu_bf16_gemm", []() { return g_bf16_gemm.load(); }, "whether bf16 inputs use bf16 GEMMs");
   m.def("hstu_mha_fwd", &hstu_mha_fwd, "fused jagged HSTU attention, forward (OpenMP)");
   m.def("hstu_mha_fwd_out", &hstu_mha_fwd_out,
         "hstu_mha_fwd writing into a caller-provided contiguous CPU `out` [T, H, dv] of q's dtype "

@@ -99,14 +99,20 @@ def _run(args, normalization, backend):
     return out, grad, leaves
 
 
-def _check(backend, args, normalization="max_len", rtol=2e-4, atol=2e-5):
-    out, grad, leaves = _run(args, normalization, backend)
+def _oracle_of(args, leaves, grad, normalization):
+    """The float64 oracle's output and leaves (with .grad) on the same values as ``leaves``."""
     ref_leaves = {n: t.detach().double().requires_grad_(True) for n, t in leaves.items()}
     full = {**args, **ref_leaves}
     expect = oracle(full["q"], full["k"], full["v"], args["offsets"], args["alpha"],
                     args["max_seq_len"], normalization == "seq_len", args["num_targets"],
                     args["contextual_seq_len"], full["pos_w"], full["ts_w"], args["timestamps"])
     expect.backward(grad.double())
+    return expect, ref_leaves
+
+
+def _check(backend, args, normalization="max_len", rtol=2e-4, atol=2e-5):
+    out, grad, leaves = _run(args, normalization, backend)
+    expect, ref_leaves = _oracle_of(args, leaves, grad, normalization)
     torch.testing.assert_close(out.double(), expect.detach(), rtol=rtol, atol=atol)
     for n, t in leaves.items():
         assert t.grad is not None, n
@@ -371,3 +377,65 @@ def test_cpu_kernel_extreme_scores():
         scale = max(float(w.abs().max()), 1.0)
         torch.testing.assert_close(g.double(), w, rtol=2e-4, atol=1e-4 * scale,
                                    msg=lambda m, name=name: f"{name}: {m}")
+
+
+# --------------------------------------------------------------------------- bfloat16
+
+BF16_CASES = [
+    (LENGTHS[0], 12, False, 0, "max_len", True, True),
+    (LENGTHS[3], 12, True, 2, "max_len", True, True),
+    # several 128-row tiles (the bf16 path's), contextual rows, targets, an empty sequence
+    ([300, 0, 129, 1, 128], 300, True, 3, "seq_len", True, True),
+    ([257, 64], 257, False, 0, "max_len", False, False),
+]
+
+
+def _check_bf16(args, normalization):
+    """bf16 output and gradients vs the float64 oracle on the same (bf16-rounded) inputs.
+
+    Each GEMM rounds its output to bf16 once (unit roundoff u = 2^-8 relative), and the SiLU
+    stage reads rounded scores: errors of a few u relative to the output's scale; the tolerance
+    is 3e-2 of each tensor's largest magnitude (plus 3e-2 relative), far below what a wrong mask,
+    bias or missing tile gives (O(1) of the scale)."""
+    out, grad, leaves = _run(args, normalization, "cpu_kernel")
+    assert out.dtype == torch.bfloat16
+    expect, ref_leaves = _oracle_of(args, leaves, grad, normalization)
+    pairs = [("out", out, expect.detach())] + [
+        (f"grad of {n}", t.grad, ref_leaves[n].grad) for n, t in leaves.items()]
+    for name, got, want in pairs:
+        assert got is not None and got.dtype == torch.bfloat16, name
+        scale = float(want.abs().max()) if want.numel() else 0.0
+        torch.testing.assert_close(got.double(), want, rtol=3e-2, atol=3e-2 * scale + 1e-6,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+
+
+@_needs_kernel
+@pytest.mark.parametrize("bf16_gemm", [True, False], ids=("bf16_gemm", "widened_fp32"))
+@pytest.mark.parametrize("case", BF16_CASES)
+def test_cpu_kernel_bfloat16_matches_float64_oracle(bf16_gemm, case):
+    from torchrec_ascend.ops import hstu as hstu_ops
+
+    lengths, msl, targets, c, norm, pos, time = case
+    before = hstu_ops.cpu_bf16_gemm()
+    try:
+        assert hstu_ops.cpu_bf16_gemm(bf16_gemm) is bf16_gemm
+        args = _case(lengths, H=2, dqk=16, dv=8, max_seq_len=msl, targets=targets, c=c, pos=pos,
+                     time=time, dtype=torch.bfloat16, seed=17)
+        _check_bf16(args, norm)
+    finally:
+        hstu_ops.cpu_bf16_gemm(before)
+
+
+@_needs_kernel
+def test_cpu_bf16_gemm_default_follows_the_measurement():
+    from torchrec_ascend import device
+    from torchrec_ascend.ops import hstu as hstu_ops
+
+    # the process-wide choice made on the first bf16 call is the device's measured one, unless a
+    # test forced it (they restore it)
+    assert hstu_ops.cpu_bf16_gemm() in (True, False)
+    hstu_ops._BF16_CHOSEN = False
+    try:
+        assert hstu_ops.cpu_bf16_gemm() is device.gemm_dtype_is_fast(torch.bfloat16, "cpu")
+    finally:
+        hstu_ops._BF16_CHOSEN = True

@@ -5,6 +5,9 @@ Public entry :func:`hstu_mha` validates once, then dispatches through the regist
 * ``triton`` (CUDA; Ascend through triton-ascend; CPU tensors only under ``TRITON_INTERPRET=1``):
   one program per (query tile, sequence, head), causal tile skipping, bias fused;
 * ``cpu_kernel`` (``csrc/hstu.cpp``): OpenMP over (sequence, head, query tile), GEMMs on tiles;
+  bfloat16 inputs run bf16 GEMMs (fp32 accumulation, SiLU in fp32) where the CPU's bf16 GEMM was
+  measured faster than fp32 (:func:`torchrec_ascend.device.gemm_dtype_is_fast`; see
+  :func:`cpu_bf16_gemm`), else they are widened and computed in fp32;
 * ``reference`` (``ops/reference/hstu.py``): padded dense torch, the oracle.
 
 The fused backends never build a padded tensor: work and memory follow ``sum_b n_b^2``, not
@@ -26,15 +29,40 @@ from typing import Optional
 
 import torch
 
-from . import validation
+from .. import device as _device
+from . import extension, validation
 from .specs import hstu as _specs
 
-__all__ = ["hstu_mha", "NORMALIZATIONS"]
+__all__ = ["hstu_mha", "NORMALIZATIONS"]  # cpu_bf16_gemm: a backend switch, not an op
 
 _ops = torch.ops.torchrec_ascend
 NORMALIZATIONS = ("max_len", "seq_len")
 
 _specs.register_all()
+
+
+# --------------------------------------------------------------------------- bf16 on CPU
+
+_BF16_CHOSEN = False
+
+
+def cpu_bf16_gemm(enabled: Optional[bool] = None) -> bool:
+    """Whether the csrc kernel computes bfloat16 inputs with bf16 GEMMs (else: widened to fp32).
+
+    ``enabled=None``: the first call decides by the device's measurement
+    (``device.gemm_dtype_is_fast(torch.bfloat16, "cpu")``, ~1 s once per process) and later calls
+    return that choice; ``True`` / ``False`` force it.  ``False`` where the extension is not built.
+    """
+    global _BF16_CHOSEN
+    set_fn, get_fn = extension.kernel("hstu_set_bf16_gemm"), extension.kernel("hstu_bf16_gemm")
+    if set_fn is None or get_fn is None:
+        return False
+    if enabled is None and not _BF16_CHOSEN:
+        enabled = _device.gemm_dtype_is_fast(torch.bfloat16, "cpu")
+    if enabled is not None:
+        set_fn(bool(enabled))
+        _BF16_CHOSEN = True
+    return bool(get_fn())
 
 
 # --------------------------------------------------------------------------- public API
@@ -131,6 +159,8 @@ def hstu_mha(
         timestamps = timestamps.to(torch.int64).contiguous()
     validation.check_same_device(q=q, k=k, v=v, offsets=offsets, num_targets=num_targets,
                               pos_w=pos_w, ts_w=ts_w, timestamps=timestamps)
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and not _BF16_CHOSEN:
+        cpu_bf16_gemm()  # measured once: bf16 GEMMs in the csrc kernel where they are faster
     return _ops.hstu_mha(
         q.contiguous(), k.contiguous(), v.contiguous(), offsets.contiguous(), float(alpha),
         max_seq_len, normalization == "seq_len", num_targets, int(contextual_seq_len),
