@@ -6,6 +6,8 @@ LOCAL_WORLD_SIZE=2, gloo), TorchRec's DMPCollection built from TwoDimShardingPla
   with the mean of the four ranks' gradients (1-D data-parallel-averaged training): TorchRec
   divides a sharded table's gradient by the sharding group's size (2), the sync averages the
   two hosts' replicas, so SGD steps with the world mean.
+* the bytes the collectives moved (sync every step) match the replicated cost model's
+  estimate within 20% on intra- and inter-host links;
 * sync every 2 steps (a forced plan, every non-grid sharding type): equal to a float64-free
   replay of the algorithm (one unsharded model per host; tables sharded in the host step with
   their host's mean gradient, the head and data-parallel tables with the world mean; replicas
@@ -69,9 +71,10 @@ def _worker(rank: int, world: int) -> dict:
 
         with W.fbgemm_cpu_kernels(types):  # fbgemm-cpu 1.8 cannot run DP sequences
             res = V.train_planned(plan, torch.device("cpu"), STEPS, V.VALIDATION_BATCH,
-                                  count=False, wrap=wrap,
+                                  count=sync_every == 1, wrap=wrap,
                                   init=lambda dmp: V.load_state(dmp, _initial_state()))
         res["types"], res["syncs"] = types, syncs
+        res["estimate"] = planner.explain(plan).cost
         out[name] = res
         torch.distributed.barrier()
     return out
@@ -180,3 +183,15 @@ def test_replicas_drift_between_syncs(runs):
     hosts_gap = max(float((replay["states"][0][k] - replay["states"][1][k]).abs().max())
                     for k in one_d["states"][0])
     assert gap > 20 * ATOL and hosts_gap > 20 * ATOL, (gap, hosts_gap)
+
+
+@pytest.mark.slow
+def test_estimated_bytes_match_the_collectives(runs):
+    """The replicated cost model's bytes per step (sync every step) against what the
+    collectives moved: all-to-alls inside each host, the replica sync and the data-parallel
+    all-reduces across hosts."""
+    topo = V.validation_topology()
+    measured = V.measured_matrix([r["ours_sync1"]["comm"] for r in runs], topo) / STEPS
+    result = V.compare(runs[0]["ours_sync1"]["estimate"], measured)
+    assert result["intra_measured"] > 0 and result["inter_measured"] > 0, result
+    assert result["error"] <= 0.20, result

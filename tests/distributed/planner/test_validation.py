@@ -38,6 +38,7 @@ def count_raw_collectives(rank: int, world: int) -> dict:
         pair = dist.new_group([1, 3])
         if rank in (1, 3):
             dist.all_to_all_single(torch.zeros(6), torch.zeros(6), group=pair)
+            dist.all_reduce(torch.zeros(5), group=pair)  # a subgroup: 2 x 20 / 2 to the peer
         dist.all_reduce(torch.zeros(7))
     dist.all_reduce(torch.zeros(3))
     assert not getattr(dist.all_reduce, "__name__", "") == "wrapper"  # unpatched on exit
@@ -60,6 +61,12 @@ def check_raw_collectives(rows) -> None:
         ag[r] = 0
         np.testing.assert_allclose(row["sent"]["all_gather"], ag)
         assert row["allreduce"] == [28]
+        if r in (1, 3):
+            want = np.zeros(W)
+            want[4 - r] = 20.0
+            np.testing.assert_allclose(row["sent"]["all_reduce_group"], want)
+        else:
+            assert "all_reduce_group" not in row["sent"]
 
 
 def test_measured_matrix_and_compare():

@@ -17,6 +17,7 @@ replicas every ``sync_every``.
 
 from __future__ import annotations
 
+import copy
 from typing import List, Optional
 
 import torch
@@ -124,12 +125,15 @@ def two_dim_model(module: nn.Module, planner: TwoDimShardingPlanner, device: tor
                   plan: Optional[ShardingPlan] = None, **kwargs) -> TwoDimModelParallel:
     """``module`` under ``planner``'s 2-D plan (``plan``, or ``planner.collective_plan`` on
     ``pg``, default the world): a :class:`TwoDimModelParallel` with the planner's sharding
-    group size and ``sync_every``.  ``kwargs`` go to ``DMPCollection``."""
+    group size and ``sync_every``, on a copy of the plan (``DMPCollection`` remaps its ranks to
+    this rank's host group; ``planner.explain(plan)`` still takes the group plan).  ``kwargs``
+    go to ``DMPCollection``."""
     pg = pg if pg is not None else dist.GroupMember.WORLD
     if pg.size() != planner.world_topology.world_size:
         raise ValueError(f"two_dim_model: the process group has {pg.size()} ranks, the "
                          f"planner's topology {planner.world_topology.world_size}")
     if plan is None:
         plan = planner.collective_plan(module, sharders, pg)
+    plan = copy.deepcopy(plan)  # DMPCollection remaps its plan's ranks to this rank's group
     return TwoDimModelParallel(module, device, plan, pg.size(), planner.sharding_group_size,
                                pg, sync_every=planner.sync_every, sharders=sharders, **kwargs)

@@ -5,9 +5,11 @@ attributes TorchRec calls: ``all_to_all_single``, ``all_to_all``, ``reduce_scatt
 ``reduce_scatter_tensor``, ``all_gather``, ``all_gather_into_tensor``, ``all_reduce``) and adds
 up, per destination global rank, the bytes this rank hands each peer: an all-to-all chunk goes
 to its peer; a reduce-scatter chunk to the rank it is for; an all-gather sends the input to
-every peer; an all-reduce (DDP's gradient buckets too, once :meth:`CommCounter.ddp_hook` routes them
-through Python) is recorded as its payload and spread over rank pairs by the same
-:func:`.estimators.allreduce_matrix` the cost model uses.  Self-chunks are not link traffic.
+every peer; an all-reduce over the world (DDP's gradient buckets too, once
+:meth:`CommCounter.ddp_hook` routes them through Python) is recorded as its payload and spread
+over rank pairs by the same :func:`.estimators.allreduce_matrix` the cost model uses; one over
+a subgroup of ``n`` ranks (a 2-D replica sync) as ``2 S / n`` bytes to each other member, the
+cost model's formula for a subset.  Self-chunks are not link traffic.
 
 The validation workload (:func:`validation_tables`, :class:`ValidationModel`,
 :func:`make_batch`, :func:`train_planned`) is a small EmbeddingBagCollection +
@@ -106,9 +108,11 @@ class CommCounter:
         elif name == "all_gather_into_tensor":
             self._add("all_gather", group, [_nbytes(a["input_tensor"])] * size)
         elif name == "all_reduce":
-            if group is not None and dist.get_world_size(group) != self.world_size:
-                raise ValueError("CommCounter: all_reduce over a subgroup is not modelled")
-            self.allreduce.append(_nbytes(a["tensor"]))
+            if group is not None and size != self.world_size:  # e.g. a 2-D replica sync
+                n = _nbytes(a["tensor"])  # a reduce-scatter + all-gather: 2 S / n to each peer
+                self._add("all_reduce_group", group, [2.0 * n / size] * size)
+            else:
+                self.allreduce.append(_nbytes(a["tensor"]))
 
     @staticmethod
     def ddp_hook():
