@@ -34,7 +34,8 @@ OURS0 = [("ours", "sparse_dist", 0, "row_wise", STEPS), ("ours", "sync", 0, "row
          ("ours", "semi_async", 0, "row_wise", STEPS)]
 REF1 = ("torchrec", "torchrec_semi_sync", 0, "row_wise", STEPS)
 STALE = [("ours", "semi_async", k, "row_wise", STEPS) for k in (1, 2)]
-RUNS = [REF0, *OURS0, REF1, *STALE]
+INLINE1 = ("ours", "semi_async_inline", 1, "row_wise", STEPS)  # no prefetch thread
+RUNS = [REF0, *OURS0, REF1, *STALE, INLINE1]
 
 
 def _all_worker(rank: int, world_size: int) -> dict:
@@ -88,8 +89,10 @@ def test_staleness_bound_proven_by_versions(results):
             assert got["distinct"], f"rank{rank} k={k}: two versions had equal weights"
             # batch i reads version max(i - k, 0): exactly k updates old once the queue is full
             assert got["staleness"] == {i: min(i, k) for i in range(STEPS)}, (rank, k)
-        # k = 1 is TorchRec's semi-sync schedule
+        # k = 1 is TorchRec's semi-sync schedule, with or without the prefetch thread
         _close(per_run[RUNS.index(STALE[0])], per_run[RUNS.index(REF1)], f"rank{rank} k=1")
+        _close(per_run[RUNS.index(INLINE1)], per_run[RUNS.index(REF1)], f"rank{rank} inline")
+        assert per_run[RUNS.index(INLINE1)]["staleness"] == {i: min(i, 1) for i in range(STEPS)}
         # and staleness changes the computation (k = 2 differs from k = 1 and from sync)
         k1, k2 = per_run[RUNS.index(STALE[0])], per_run[RUNS.index(STALE[1])]
         assert max(abs(a - b) for a, b in zip(k1["losses"], k2["losses"])) > 1e-6

@@ -5,4 +5,4 @@ Nothing here is imported by ``import torchrec_ascend``; tests import it explicit
 
 from __future__ import annotations
 
-__all__ = ["simulated_npu", "multiprocess", "torchrec_workload", "trace_ops"]
+__all__ = ["simulated_npu", "multiprocess", "torchrec_workload", "pipeline_workload", "trace_ops"]

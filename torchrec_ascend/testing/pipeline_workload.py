@@ -3,8 +3,9 @@
 Used by ``tests/distributed/test_semi_async.py`` and ``tests/distributed/train_pipeline/``.
 A run is ``(dmp, pipeline, staleness,
 sharding, steps)`` with ``dmp`` in ``{"torchrec", "ours"}`` and ``pipeline`` one of
-``torchrec_sparse_dist`` / ``torchrec_semi_sync`` (TorchRec's classes, the references) or a
-kind of :func:`make_train_pipeline`.  :class:`HSTUModel` (item EmbeddingCollection + HSTU
+``torchrec_sparse_dist`` / ``torchrec_semi_sync`` (TorchRec's classes, the references),
+``semi_async_inline`` (semi_async with ``prefetch_depth=0``) or a kind of
+:func:`make_train_pipeline`.  :class:`HSTUModel` (item EmbeddingCollection + HSTU
 encoder + in-batch next-item softmax) and :func:`hstu_batch` are the benchmark's workload
 (``benchmarks/pipeline.py``).
 """
@@ -66,6 +67,9 @@ def build(dmp: str, sharding: str, staleness: int, device: torch.device):
 def pipeline_for(kind: str, model, opt, device: torch.device, staleness: int, **kw: Any):
     """TorchRec's reference pipelines by name, else :func:`make_train_pipeline`
     (``track_versions`` goes to ``semi_async`` only)."""
+    if kind == "semi_async_inline":  # semi_async reading batches without the prefetch thread
+        return make_train_pipeline("semi_async", model, opt, device, staleness=staleness,
+                                   prefetch_depth=0, **kw)
     if kind != "semi_async":
         kw = {k: v for k, v in kw.items() if k != "track_versions"}
     if kind == "torchrec_sparse_dist":

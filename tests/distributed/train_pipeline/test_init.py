@@ -29,6 +29,8 @@ def test_argument_rules():
         make_train_pipeline("semi_async", _Stale(), opt, cpu, staleness=1)
     with pytest.raises(ValueError, match="pipeline 'sync' is synchronous"):
         make_train_pipeline("sync", _Stale(), opt, cpu)  # staleness taken from the model
+    with pytest.raises(ValueError, match="prefetch_depth=-1"):
+        make_train_pipeline("semi_async", m, opt, cpu, staleness=1, prefetch_depth=-1)
     with pytest.raises(ValueError, match="track_versions"):
         make_train_pipeline("sync", m, opt, cpu, track_versions=True)
     assert KINDS == ("sync", "sparse_dist", "semi_async")

@@ -28,8 +28,10 @@ The one entry point the trainer calls::
   :class:`PeerFailureError`.
 * ``track_versions`` (``semi_async`` only): ``pipeline.versions`` records, from the weights,
   which parameter version every lookup read (:class:`ParameterVersions`).
-* ``torchrec_kwargs``: passed to TorchRec's pipeline constructor (``sparse_dist``,
-  ``semi_async``), e.g. ``execute_all_batches``, ``apply_jit``.
+* ``torchrec_kwargs``: passed to the pipeline class and on to TorchRec's pipeline constructor
+  (``sparse_dist``, ``semi_async``), e.g. ``execute_all_batches``, ``apply_jit``;
+  ``semi_async`` also takes ``prefetch_depth`` (batches the copy thread reads ahead, default 2;
+  0 reads them inline on the compute thread).
 
 ``pipeline.progress(iterator)`` trains one batch and returns the model's output for it;
 ``StopIteration`` when the iterator is exhausted and every queued batch is trained.

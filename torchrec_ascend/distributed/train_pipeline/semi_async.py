@@ -20,7 +20,8 @@ started" for ``p == k + 2``.  Step ``i``:
 6. wait for the all-reduce, dense optimizer step, zero_grad.
 
 With ``k = 0`` the lookup of batch ``i + 1`` follows batch ``i``'s update: synchronous
-semantics.  Batches are read and copied to the device on a thread (:class:`BatchPrefetcher`).
+semantics.  Batches are read and copied to the device on a thread (:class:`BatchPrefetcher`,
+``prefetch_depth`` batches ahead; ``prefetch_depth=0`` reads them inline, without a thread).
 With ``track_versions=True`` a :class:`ParameterVersions` instance (``self.versions``) records
 the version every lookup read, from the weights themselves.
 """
@@ -56,8 +57,8 @@ class SemiAsyncPipeline(InstrumentedPipeline, TrainPipelineSemiSync):
                  step_timeout_s: Optional[float] = None, track_versions: bool = False,
                  prefetch_depth: int = 2, **torchrec_kwargs: Any) -> None:
         self.staleness = check_staleness(staleness)
-        if prefetch_depth < 1:
-            raise ValueError(f"prefetch_depth={prefetch_depth}: must be >= 1")
+        if prefetch_depth < 0:
+            raise ValueError(f"prefetch_depth={prefetch_depth}: must be >= 0 (0: no thread)")
         self._init_instrumentation(timer, on_step, step_timeout_s)
         TrainPipelineSemiSync.__init__(self, model, optimizer, device, start_batch=0,
                                        stash_gradients=False, **torchrec_kwargs)
@@ -69,6 +70,9 @@ class SemiAsyncPipeline(InstrumentedPipeline, TrainPipelineSemiSync):
 
     # --- batches: read and copied on the prefetch thread -------------------------------------
     def _next_batch(self, dataloader_iter: Iterator[Any]) -> Optional[Any]:
+        if self._prefetch_depth == 0:  # inline, timed as the copy of the compute thread
+            with self.timer.stage("batch_copy", self.steps_done):
+                return TrainPipelineSemiSync._next_batch(self, dataloader_iter)
         if self._prefetcher is None or self._prefetcher.iterator is not dataloader_iter:
             if self._prefetcher is not None:
                 self._prefetcher.close()

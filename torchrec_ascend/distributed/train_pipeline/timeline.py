@@ -28,9 +28,10 @@ def draw_timeline(spans: Sequence[Span], path: str, steps: Optional[Sequence[int
     lanes = [st for st in STAGES if any(s.stage == st for s in chosen)]
     fig, ax = plt.subplots(figsize=(12, 0.45 * len(lanes) + 1.2))
     cmap = plt.get_cmap("tab10")
+    palette = [cmap(i) for i in range(10) if i != 7]  # tab10's 7 is grey: other threads
     for s in chosen:
         y = lanes.index(s.stage)
-        color = cmap(s.step % 10) if s.step >= 0 else "grey"
+        color = palette[s.step % len(palette)] if s.step >= 0 else "grey"
         ax.broken_barh([((s.start - t0) * 1e3, max((s.end - s.start) * 1e3, 1e-3))],
                        (y - 0.4, 0.8), facecolors=color,
                        edgecolors="black" if s.stage in COMPUTE_STAGES else "none",
