@@ -8,7 +8,8 @@ LOCAL_WORLD_SIZE=2, gloo), TorchRec's DMPCollection built from TwoDimShardingPla
   two hosts' replicas, so SGD steps with the world mean.
 * the bytes the collectives moved (sync every step) match the replicated cost model's
   estimate within 20% on intra- and inter-host links;
-* sync every 2 steps (a forced plan, every non-grid sharding type): equal to a float64-free
+* sync every 2 steps (a forced plan: column-, row-, table-wise and data parallel, every type the
+  2-D planner offers): equal to a float32
   replay of the algorithm (one unsharded model per host; tables sharded in the host step with
   their host's mean gradient, the head and data-parallel tables with the world mean; replicas
   averaged after step 2) and measurably different from the sync-every-step result: replicas
