@@ -8,7 +8,9 @@ LOCAL_WORLD_SIZE=2, gloo), TorchRec's DMPCollection built from TwoDimShardingPla
   two hosts' replicas, so SGD steps with the world mean.
 * the bytes the collectives moved (sync every step) match the replicated cost model's
   estimate within 20% on intra- and inter-host links;
-* sync every 2 steps (a forced plan, every non-grid sharding type): equal to a float64-free
+* the same sync-every-step check on the simulated npu (its gloo-based backend);
+* sync every 2 steps (a forced plan: column-, row-, table-wise and data parallel, every type the
+  2-D planner offers): equal to a float32
   replay of the algorithm (one unsharded model per host; tables sharded in the host step with
   their host's mean gradient, the head and data-parallel tables with the world mean; replicas
   averaged after step 2) and measurably different from the sync-every-step result: replicas
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 from typing import Dict, List
 
+import os
+
 import pytest
 import torch
 
@@ -33,8 +37,10 @@ from torchrec_ascend.distributed.planner import validation as V  # noqa: E402
 from torchrec_ascend.distributed.planner.collection import (  # noqa: E402
     TwoDimModelParallel, two_dim_model)
 from torchrec_ascend.distributed.planner.two_dim import TwoDimShardingPlanner  # noqa: E402
+from torchrec_ascend import device as _device  # noqa: E402
+from torchrec_ascend.testing import simulated_npu  # noqa: E402
 from torchrec_ascend.testing import torchrec_workload as W  # noqa: E402
-from torchrec_ascend.testing.multiprocess import run_multiprocess  # noqa: E402
+from torchrec_ascend.testing.multiprocess import rank_device, run_multiprocess  # noqa: E402
 
 from test_planners import _initial_state, _reference  # noqa: E402
 
@@ -195,3 +201,25 @@ def test_estimated_bytes_match_the_collectives(runs):
     result = V.compare(runs[0]["ours_sync1"]["estimate"], measured)
     assert result["intra_measured"] > 0 and result["inter_measured"] > 0, result
     assert result["error"] <= 0.20, result
+
+
+def _npu_worker(rank: int, world: int) -> dict:
+    device = rank_device("npu", int(os.environ["LOCAL_RANK"]))
+    planner = TwoDimShardingPlanner(topology=V.validation_topology("npu"),
+                                    batch_size=V.VALIDATION_BATCH,
+                                    constraints=V.validation_constraints(), sync_every=1)
+    plan = planner.collective_plan(V.ValidationModel(torch.device("meta")), T.default_sharders())
+    res = V.train_planned(plan, device, STEPS, V.VALIDATION_BATCH, count=False,
+                          wrap=lambda m, p, sh: two_dim_model(m, planner, device, sh, plan=p),
+                          init=lambda dmp: V.load_state(dmp, _initial_state()))
+    res["types"] = _types(plan)
+    return res
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (_device.torch_npu_available() or simulated_npu.available()),
+                    reason="needs torch_npu or the built simulated npu")
+def test_sync_every_step_matches_mean_gradient_training_npu():
+    per_rank = run_multiprocess(_npu_worker, 4, local_world_size=L, device_type="npu")
+    assert any(t != "data_parallel" for t in per_rank[0]["types"].values())
+    _check(per_rank, _mean_gradient_reference(4), "npu sync1 vs unsharded mean-gradient")

@@ -5,14 +5,14 @@
 ``use_inter_host_allreduce=True`` (each host one sharding group, replicas across hosts; the
 default of TorchRec is the other way round, groups spread over hosts).  Three device fixes,
 each at a ``DMPCollection`` method: its constructor asserts a cuda/mtia device before anything
-else (everything after it is device-agnostic: the assertion is shown a stand-in whose ``type``
-is "cuda", every other use sees the real device); ``_remap_sharding_plan`` writes placements
+else (the rest of it runs on cpu: the assertion is shown a stand-in whose ``type`` is "cuda",
+every other use sees the real device); ``_remap_sharding_plan`` writes placements
 ``rank:<r>/cpu:<local rank>``, which torch's ShardedTensor refuses for a cpu tensor (cpu
 placements get no index, as TorchRec's own ``placement`` writes them); and ``sync()``'s
-``ReduceOp.AVG`` all-reduce, which gloo does not have, is replaced on gloo by a sum and a
-division (:meth:`TwoDimModelParallel.average_replicas`, through ``DMPCollection``'s
-``custom_all_reduce`` hook).  :meth:`TwoDimModelParallel.step_done` counts steps and syncs the
-replicas every ``sync_every``.
+``ReduceOp.AVG`` all-reduce, which gloo does not have, is replaced on gloo (and on the simulated
+npu's gloo-based backend) by a sum and a division (:meth:`TwoDimModelParallel.average_replicas`,
+through ``DMPCollection``'s ``custom_all_reduce`` hook).  :meth:`TwoDimModelParallel.step_done`
+counts steps and syncs the replicas every ``sync_every``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ from torchrec.distributed.types import EnumerableShardingSpec, ModuleSharder, Sh
 from .two_dim import TwoDimShardingPlanner
 
 __all__ = ["TwoDimModelParallel", "two_dim_model"]
+
+# process-group backends without ReduceOp.AVG (gloo; the simulated npu's, gloo underneath)
+_NO_AVG_BACKENDS = frozenset({"gloo", "simnpu"})
 
 
 class _AssertedDevice:
@@ -68,7 +71,8 @@ class TwoDimModelParallel(DMPCollection, _RealDevice):
         self._real_device = device
         self.sync_every = sync_every
         self.steps = 0
-        if kwargs.get("custom_all_reduce") is None and dist.get_backend(global_pg) == "gloo":
+        if kwargs.get("custom_all_reduce") is None and \
+                dist.get_backend(global_pg) in _NO_AVG_BACKENDS:
             kwargs["custom_all_reduce"] = self.average_replicas
         kwargs.setdefault("use_inter_host_allreduce", True)
         super().__init__(module=module, device=_AssertedDevice(device), plan=plan,
