@@ -261,10 +261,16 @@ struct Problem {
         for (int64_t c = 0; c < w; ++c) brow[c] += ts_w[(*bucketer)(tq - tk[c])];
       }
       int64_t last = 0;
-      for (int64_t c = 0; c < w; ++c) {
-        const bool ok = valid(i, j0 + c, n, ntb);
-        srow[c] = ok ? inv : scalar_t(0);
-        if (ok) last = c + 1;
+      if (ntb == 0 && ctx == 0) {  // plain causal: columns j0 + c <= i
+        last = std::min<int64_t>(std::max<int64_t>(i - j0 + 1, 0), w);
+        std::fill(srow, srow + last, inv);
+        std::fill(srow + last, srow + w, scalar_t(0));
+      } else {
+        for (int64_t c = 0; c < w; ++c) {
+          const bool ok = valid(i, j0 + c, n, ntb);
+          srow[c] = ok ? inv : scalar_t(0);
+          if (ok) last = c + 1;
+        }
       }
       row_end[r] = last;
     }
@@ -294,19 +300,71 @@ void zero_rows(scalar_t* base, int64_t r0, int64_t r1, int64_t row) {
   if (r1 > r0) std::fill(base + r0 * row, base + r1 * row, scalar_t(0));
 }
 
-template <typename scalar_t>
-void forward_impl(const Problem<scalar_t>& P, scalar_t* q, scalar_t* k, scalar_t* v, scalar_t* out) {
-  struct Task { int64_t b, i0; int64_t cost; };
+// (sequence, query tile) tasks of the forward, most work first: dynamic scheduling then balances
+// the heavy tail
+struct Task { int64_t b, i0, cost; };
+
+template <typename ProblemT>
+std::vector<Task> query_tiles(const ProblemT& P, int64_t tile) {
   std::vector<Task> tasks;
   for (int64_t b = 0; b < P.B; ++b) {
     const int64_t n = P.len(b);
-    for (int64_t i0 = 0; i0 < n; i0 += kTile) {
-      const int64_t i1 = std::min(i0 + kTile, n);
+    for (int64_t i0 = 0; i0 < n; i0 += tile) {
+      const int64_t i1 = std::min(i0 + tile, n);
       tasks.push_back({b, i0, (i1 - i0) * P.key_end(i0, i1, n)});
     }
   }
-  // longest first: dynamic scheduling then balances the heavy tail
-  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.cost > b.cost; });
+  return tasks;
+}
+
+// the backward's order: sequences by length, longest first
+template <typename ProblemT>
+std::vector<int64_t> longest_first(const ProblemT& P) {
+  std::vector<int64_t> order(P.B);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return P.len(a) > P.len(b); });
+  return order;
+}
+
+inline int max_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+inline int thread_id() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+// per-thread float64 accumulators of the bias tables' gradients, summed into dpos / dts at the end
+struct TableGrads {
+  int nthreads;
+  int64_t npos, nts;
+  std::vector<double> pos, ts;
+
+  template <typename ProblemT>
+  explicit TableGrads(const ProblemT& P)
+      : nthreads(max_threads()), npos(P.pos_w ? P.npos : 0), nts(P.ts_w ? P.nts : 0),
+        pos(nthreads * npos, 0.0), ts(nthreads * nts, 0.0) {}
+  double* pos_of(int tid) { return npos ? pos.data() + tid * npos : nullptr; }
+  double* ts_of(int tid) { return nts ? ts.data() + tid * nts : nullptr; }
+  void reduce(std::vector<double>& dpos, std::vector<double>& dts) const {
+    for (int t = 0; t < nthreads; ++t) {
+      for (int64_t i = 0; i < npos; ++i) dpos[i] += pos[t * npos + i];
+      for (int64_t i = 0; i < nts; ++i) dts[i] += ts[t * nts + i];
+    }
+  }
+};
+
+template <typename scalar_t>
+void forward_impl(const Problem<scalar_t>& P, scalar_t* q, scalar_t* k, scalar_t* v, scalar_t* out) {
+  const std::vector<Task> tasks = query_tiles(P, kTile);
   const int64_t ntask = static_cast<int64_t>(tasks.size());
 #pragma omp parallel
   {
@@ -343,25 +401,14 @@ template <typename scalar_t>
 void backward_impl(const Problem<scalar_t>& P, scalar_t* go, scalar_t* q, scalar_t* k, scalar_t* v,
                    scalar_t* dq, scalar_t* dk, scalar_t* dv, std::vector<double>& dpos,
                    std::vector<double>& dts) {
-  std::vector<int64_t> order(P.B);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return P.len(a) > P.len(b); });
-  int nthreads = 1;
-#ifdef _OPENMP
-  nthreads = omp_get_max_threads();
-#endif
-  std::vector<double> dpos_t(P.pos_w ? nthreads * P.npos : 0, 0.0);
-  std::vector<double> dts_t(P.ts_w ? nthreads * P.nts : 0, 0.0);
+  const std::vector<int64_t> order = longest_first(P);
+  TableGrads grads(P);
   const scalar_t alpha = static_cast<scalar_t>(P.alpha);
   const int64_t ldq = P.H * P.dqk, ldv = P.H * P.dv;
-#pragma omp parallel num_threads(nthreads)
+#pragma omp parallel num_threads(grads.nthreads)
   {
-    int tid = 0;
-#ifdef _OPENMP
-    tid = omp_get_thread_num();
-#endif
-    double* my_dpos = P.pos_w ? dpos_t.data() + tid * P.npos : nullptr;
-    double* my_dts = P.ts_w ? dts_t.data() + tid * P.nts : nullptr;
+    double* my_dpos = grads.pos_of(thread_id());
+    double* my_dts = grads.ts_of(thread_id());
     std::vector<scalar_t> bias, scale, sb, pb, dpb, gsum;
     std::vector<int64_t> row_end;
 #pragma omp for schedule(dynamic, 1)
@@ -409,10 +456,7 @@ void backward_impl(const Problem<scalar_t>& P, scalar_t* go, scalar_t* q, scalar
       }
     }
   }
-  for (int t = 0; t < nthreads; ++t) {
-    for (int64_t i = 0; i < (P.pos_w ? P.npos : 0); ++i) dpos[i] += dpos_t[t * P.npos + i];
-    for (int64_t i = 0; i < (P.ts_w ? P.nts : 0); ++i) dts[i] += dts_t[t * P.nts + i];
-  }
+  grads.reduce(dpos, dts);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -451,16 +495,7 @@ inline void put_rows(const bf16* src, int64_t m, int64_t cols, bf16* dst, int64_
 }
 
 void forward_bf16(const Problem<float>& P, const bf16* q, const bf16* k, const bf16* v, bf16* out) {
-  struct Task { int64_t b, i0; int64_t cost; };
-  std::vector<Task> tasks;
-  for (int64_t b = 0; b < P.B; ++b) {
-    const int64_t n = P.len(b);
-    for (int64_t i0 = 0; i0 < n; i0 += kTileBf16) {
-      const int64_t i1 = std::min(i0 + kTileBf16, n);
-      tasks.push_back({b, i0, (i1 - i0) * P.key_end(i0, i1, n)});
-    }
-  }
-  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.cost > b.cost; });
+  const std::vector<Task> tasks = query_tiles(P, kTileBf16);
   const int64_t ntask = static_cast<int64_t>(tasks.size());
   const int64_t ldq = P.H * P.dqk, ldv = P.H * P.dv;
   const float alpha = static_cast<float>(P.alpha);
@@ -495,25 +530,14 @@ void forward_bf16(const Problem<float>& P, const bf16* q, const bf16* k, const b
 
 void backward_bf16(const Problem<float>& P, const bf16* go, const bf16* q, const bf16* k, const bf16* v,
                    bf16* dq, bf16* dk, bf16* dv, std::vector<double>& dpos, std::vector<double>& dts) {
-  std::vector<int64_t> order(P.B);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return P.len(a) > P.len(b); });
-  int nthreads = 1;
-#ifdef _OPENMP
-  nthreads = omp_get_max_threads();
-#endif
-  std::vector<double> dpos_t(P.pos_w ? nthreads * P.npos : 0, 0.0);
-  std::vector<double> dts_t(P.ts_w ? nthreads * P.nts : 0, 0.0);
+  const std::vector<int64_t> order = longest_first(P);
+  TableGrads grads(P);
   const float alpha = static_cast<float>(P.alpha);
   const int64_t ldq = P.H * P.dqk, ldv = P.H * P.dv;
-#pragma omp parallel num_threads(nthreads)
+#pragma omp parallel num_threads(grads.nthreads)
   {
-    int tid = 0;
-#ifdef _OPENMP
-    tid = omp_get_thread_num();
-#endif
-    double* my_dpos = P.pos_w ? dpos_t.data() + tid * P.npos : nullptr;
-    double* my_dts = P.ts_w ? dts_t.data() + tid * P.nts : nullptr;
+    double* my_dpos = grads.pos_of(thread_id());
+    double* my_dts = grads.ts_of(thread_id());
     std::vector<float> bias, scale, sf, pf, df, gsum, dqa;
     std::vector<bf16> sb, db, tmp;
     std::vector<int64_t> row_end;
@@ -564,10 +588,7 @@ void backward_bf16(const Problem<float>& P, const bf16* go, const bf16* q, const
       to_bf16(dqa.data(), dq + s0 * ldq, n * ldq);
     }
   }
-  for (int t = 0; t < nthreads; ++t) {
-    for (int64_t i = 0; i < (P.pos_w ? P.npos : 0); ++i) dpos[i] += dpos_t[t * P.npos + i];
-    for (int64_t i = 0; i < (P.ts_w ? P.nts : 0); ++i) dts[i] += dts_t[t * P.nts + i];
-  }
+  grads.reduce(dpos, dts);
 }
 
 std::vector<int64_t> int_vec(const at::Tensor& t) {

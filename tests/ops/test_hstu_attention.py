@@ -427,15 +427,20 @@ def test_cpu_kernel_bfloat16_matches_float64_oracle(bf16_gemm, case):
 
 
 @_needs_kernel
-def test_cpu_bf16_gemm_default_follows_the_measurement():
+def test_cpu_bf16_gemm_default_follows_the_measurement(monkeypatch):
     from torchrec_ascend import device
     from torchrec_ascend.ops import hstu as hstu_ops
 
-    # the process-wide choice made on the first bf16 call is the device's measured one, unless a
-    # test forced it (they restore it)
-    assert hstu_ops.cpu_bf16_gemm() in (True, False)
-    hstu_ops._BF16_CHOSEN = False
+    # the choice made on the first bf16 call: never bf16 GEMMs where the device measured them
+    # slower than fp32; else the kernel's own timing decides (faked here both ways)
+    before = hstu_ops.cpu_bf16_gemm()
     try:
-        assert hstu_ops.cpu_bf16_gemm() is device.gemm_dtype_is_fast(torch.bfloat16, "cpu")
+        for kernel_faster in (True, False):
+            monkeypatch.setattr(hstu_ops, "_BF16_CHOSEN", False)
+            monkeypatch.setattr(hstu_ops, "_bf16_kernel_is_faster", lambda set_fn, r=kernel_faster: r)
+            got = hstu_ops.cpu_bf16_gemm()
+            assert got is (device.gemm_dtype_is_fast(torch.bfloat16, "cpu") and kernel_faster)
+        monkeypatch.undo()
+        assert isinstance(hstu_ops._bf16_kernel_is_faster(cpu.kernel("hstu_set_bf16_gemm")), bool)
     finally:
-        hstu_ops._BF16_CHOSEN = True
+        hstu_ops.cpu_bf16_gemm(before)

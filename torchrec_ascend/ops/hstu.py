@@ -5,9 +5,9 @@ Public entry :func:`hstu_mha` validates once, then dispatches through the regist
 * ``triton`` (CUDA; Ascend through triton-ascend; CPU tensors only under ``TRITON_INTERPRET=1``):
   one program per (query tile, sequence, head), causal tile skipping, bias fused;
 * ``cpu_kernel`` (``csrc/hstu.cpp``): OpenMP over (sequence, head, query tile), GEMMs on tiles;
-  bfloat16 inputs run bf16 GEMMs (fp32 accumulation, SiLU in fp32) where the CPU's bf16 GEMM was
-  measured faster than fp32 (:func:`torchrec_ascend.device.gemm_dtype_is_fast`; see
-  :func:`cpu_bf16_gemm`), else they are widened and computed in fp32;
+  bfloat16 inputs run bf16 GEMMs (fp32 accumulation, SiLU in fp32) where that was measured faster
+  (the CPU's bf16 GEMM, then the kernel itself: :func:`cpu_bf16_gemm`), else they are widened and
+  computed in fp32;
 * ``reference`` (``ops/reference/hstu.py``): padded dense torch, the oracle.
 
 The fused backends never build a padded tensor: work and memory follow ``sum_b n_b^2``, not
@@ -46,19 +46,52 @@ _specs.register_all()
 _BF16_CHOSEN = False
 
 
+def _bf16_kernel_is_faster(set_fn) -> bool:
+    """Time the csrc kernel on one fixed bf16 problem (8 sequences of 384 tokens, 2 heads, d=64,
+    forward + backward) with bf16 GEMMs and widened to fp32, interleaved over 3 rounds; True when
+    the bf16 GEMMs win by 5%.  ~1 s, once per process."""
+    import statistics
+    import time
+
+    g = torch.Generator().manual_seed(0)
+    n, b, h, d = 384, 8, 2, 64
+    q, k, v = (torch.randn(n * b, h, d, generator=g).to(torch.bfloat16) for _ in range(3))
+    offsets = torch.arange(0, n * b + 1, n, dtype=torch.int64)
+    grad = torch.ones_like(v)
+    fwd, bwd = extension.kernel("hstu_mha_fwd"), extension.kernel("hstu_mha_bwd")
+    args = (q, k, v, offsets, d ** -0.5, n, False, None, 0, None, None, None)
+
+    def once(on: bool) -> float:
+        set_fn(on)
+        t0 = time.perf_counter()
+        fwd(*args)
+        bwd(grad, *args)
+        return time.perf_counter() - t0
+
+    times = {True: [], False: []}
+    for r in range(4):  # round 0 warms up both
+        for on in ((True, False) if r % 2 == 0 else (False, True)):
+            dt = once(on)
+            if r:
+                times[on].append(dt)
+    return statistics.median(times[True]) * 1.05 < statistics.median(times[False])
+
+
 def cpu_bf16_gemm(enabled: Optional[bool] = None) -> bool:
     """Whether the csrc kernel computes bfloat16 inputs with bf16 GEMMs (else: widened to fp32).
 
-    ``enabled=None``: the first call decides by the device's measurement
-    (``device.gemm_dtype_is_fast(torch.bfloat16, "cpu")``, ~1 s once per process) and later calls
-    return that choice; ``True`` / ``False`` force it.  ``False`` where the extension is not built.
+    ``enabled=None``: the first call decides by measurement -- bf16 GEMMs only where the device's
+    bf16 GEMM beats fp32 (``device.gemm_dtype_is_fast``) *and* the kernel itself then runs faster
+    with them (:func:`_bf16_kernel_is_faster`; per-tile GEMM overheads can eat the gain); later
+    calls return that choice.  ``True`` / ``False`` force it.  ``False`` where the extension is
+    not built.
     """
     global _BF16_CHOSEN
     set_fn, get_fn = extension.kernel("hstu_set_bf16_gemm"), extension.kernel("hstu_bf16_gemm")
     if set_fn is None or get_fn is None:
         return False
     if enabled is None and not _BF16_CHOSEN:
-        enabled = _device.gemm_dtype_is_fast(torch.bfloat16, "cpu")
+        enabled = _device.gemm_dtype_is_fast(torch.bfloat16, "cpu") and _bf16_kernel_is_faster(set_fn)
     if enabled is not None:
         set_fn(bool(enabled))
         _BF16_CHOSEN = True
