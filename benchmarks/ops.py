@@ -9,7 +9,14 @@ D=256, fp32.  "ours" is what the registry picks with fbgemm excluded (csrc ``cpu
 op has one, else the torch-composite reference), called through ``torch.ops.torchrec_ascend``;
 the baseline is ``torch.ops.fbgemm.<op>`` where fbgemm-gpu-cpu has a CPU kernel, else our
 reference implementation called directly.  Timings are interleaved (one call of each per round)
-and the medians compared, so load changes on a shared machine hit both sides alike.  Multi-jagged
+and the medians compared, so load changes on a shared machine hit both sides alike.  The clock is
+the calling thread's CPU time (``time.thread_time``), in a process with one torch thread
+(``--threads``, default 1): on a shared machine other processes preempt calls of both sides by a
+scheduler slice each (10-40 ms; measured at load 10 on 2 cores, a 2 ms TBE forward took 30 ms of
+wall time in half of its calls), so wall-clock medians of millisecond ops are the scheduler's,
+while CPU time is the kernel's.  One thread makes the thread's CPU time all of the op's work:
+fbgemm-gpu-cpu's kernels run on the calling thread anyway (built without OpenMP), and ours split
+only above ``kParallelWork`` elements (csrc/parallel.h), more than any case here.  Multi-jagged
 dimension cases (``J=2``/``J=3``) have rows of their own.
 
 Writes benchmarks/results/ops.json (and its table in docs/ops.md; a run limited by ``--only`` or
@@ -46,9 +53,10 @@ BMM_TARGET = {"jagged_jagged_bmm": 0.2, "jagged_dense_bmm": 0.2}
 
 
 def _time_once(fn) -> float:
-    t0 = time.perf_counter()
+    """CPU time of one call on the calling thread, ms (see the module docstring)."""
+    t0 = time.thread_time()
     fn()
-    return (time.perf_counter() - t0) * 1e3
+    return (time.thread_time() - t0) * 1e3
 
 
 def paired_medians(ours, fbgemm, budget_s: float, min_rounds: int = 3,
@@ -121,7 +129,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smaller batches, fewer rounds (< 60 s)")
     ap.add_argument("--only", default="", help="comma-separated substrings of op names")
     ap.add_argument("--areas", default=",".join(AREAS), help=f"subset of {','.join(AREAS)}")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1: the clock is the calling thread's CPU time)")
     args = ap.parse_args(argv)
+    if args.threads < 1:
+        raise SystemExit(f"--threads: must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     areas = [a.strip() for a in args.areas.split(",") if a.strip()]
     for a in areas:
@@ -148,6 +161,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     path = write_json(name, {
         "quick": args.quick,
         "torch_threads": torch.get_num_threads(),
+        "clock": "calling thread's CPU time (time.thread_time), median of interleaved rounds",
         "shape_note": "B=256 sequences, heavy-tailed lengths <= 512 (mean ~128), D=256 fp32 "
                       "(quick: embedding cases at B=32, jagged at B=64)",
         "rows": rows,

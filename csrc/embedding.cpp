@@ -73,6 +73,33 @@ inline void axpy(acc* o, const scalar_t* row, acc s, int64_t D) {
   }
 }
 
+// sum of x[d]^2 over d < D in 16 independent partial sums: one running sum is a chain of
+// dependent adds (the compiler keeps a float sum in order), ~4 cycles per element, which made
+// the RowWiseAdagrad backward 2.2x fbgemm's CPU time at D=256.  fp32 gets an AVX2/FMA clone.
+__attribute__((target_clones("arch=haswell", "default")))
+float sum_sq_f32(const float* __restrict x, int64_t D) {
+  float part[16] = {};
+  int64_t d = 0;
+  for (; d + 16 <= D; d += 16) {
+    for (int j = 0; j < 16; ++j) part[j] += x[d + j] * x[d + j];
+  }
+  float s = 0;
+  for (; d < D; ++d) s += x[d] * x[d];
+  for (int j = 0; j < 16; ++j) s += part[j];
+  return s;
+}
+
+template <typename acc>
+inline acc sum_sq(const acc* x, int64_t D) {
+  if constexpr (std::is_same_v<acc, float>) {
+    return sum_sq_f32(x, D);
+  } else {
+    acc s = 0;
+    for (int64_t d = 0; d < D; ++d) s += x[d] * x[d];
+    return s;
+  }
+}
+
 constexpr int64_t kAhead = 8;  // rows prefetched ahead of the one being summed
 
 // Ask for a row ahead of its use (rows are random: the hardware prefetcher cannot guess them).
@@ -568,9 +595,13 @@ void fused_backward(Opt opt, const at::Tensor& grad_in, const at::Tensor& weight
             scalar_t* w = wp + start;
             acc* m = state_row(states[0], mp, t, idx, 1, 1);
             acc sq = 0;
-            for (int64_t d = 0; d < D; ++d) {
-              const acc ge = mode == 1 ? g[d] + wd * static_cast<acc>(w[d]) : g[d];
-              sq += ge * ge;
+            if (mode == 1) {  // L2: the decay term is part of the gradient
+              for (int64_t d = 0; d < D; ++d) {
+                const acc ge = g[d] + wd * static_cast<acc>(w[d]);
+                sq += ge * ge;
+              }
+            } else {
+              sq = sum_sq(g, D);
             }
             const acc m_new = *m + sq / static_cast<acc>(D);
             *m = m_new;
