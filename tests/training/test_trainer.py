@@ -234,3 +234,54 @@ def test_early_stopping_watches_validation(tmp_path, monkeypatch, restore):
     want = at_step1 if restore else at_step3
     assert all(torch.equal(a, b) for a, b in zip(final, want))
     assert res["restored_step"] == (1 if restore else None)
+
+
+SAMPLE_DIR = os.environ.get("KUAIRAND_SAMPLE_DIR", os.path.join(
+    os.path.dirname(__file__), "..", "..", "..", "shared", "data", "kuairand-27k-sample"))
+SAMPLE = os.path.join(SAMPLE_DIR, "processed_standard_kcore_15.tsv")
+SAMPLE_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "kuairand",
+                             "configs", "sample.json")
+
+
+def _quality_worker(rank: int, world: int, out: str, steps: int) -> dict:
+    from torchrec_ascend.training import load_config
+    from torchrec_ascend.training.experiment import prepare_split
+
+    torch.set_num_threads(1)
+    env = init_distributed("cpu")
+    sets = [f"train.steps={steps}", "train.eval_every=0", "train.checkpoint_every=0",
+            'models=["hstu"]', f"data.files=[{json.dumps(SAMPLE)}]",
+            f"data.cache_dir={json.dumps(os.path.join(out, 'cache'))}"]
+    split = None
+    res = {}
+    for pipeline, k in (("sync", 0), ("semi_async", 1), ("semi_async", 2)):
+        cfg, _ = load_config(SAMPLE_CONFIG, sets + [f"train.pipeline={pipeline}",
+                                                    f"train.staleness={k}"])
+        split = split or prepare_split(cfg)
+        trainer = Trainer(cfg, split, env, os.path.join(out, f"k{k}"), "hstu", peak_flops=1e9,
+                          progress=False, log=lambda _m: None)
+        fit = trainer.fit()
+        losses = [v for _, v in trainer.histories["hstu"]["loss"]]
+        res[k] = {"valid": fit["valid"], "losses": losses}
+    return res
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists(SAMPLE), reason="the shared KuaiRand-27K sample is absent")
+def test_semi_async_quality_on_kuairand_sample(tmp_path):
+    """Issue 15's quality check, the robust part (the measured NDCG@10 differences at 400 steps
+    are in docs/semi_async.md, benchmarks/semi_async_quality.py): staleness 1 and 2 train as
+    well as sync over 80 steps of the sample config -- the mean loss of the last 20 steps within
+    5% of sync's (measured: +2.0% k=1, +3.3% k=2), and validation NDCG@200 not collapsed (>= half
+    of sync's; measured 0.93x, 0.87x; HR@200 ~0.16 vs 0.02 for a random ranking).  NDCG@10 after
+    80 steps is too noisy to assert on (one hit of 664 users: 0.0 for k=2, 0.0036 for sync)."""
+    steps = 80
+    (res,) = run_multiprocess(_quality_worker, 1, (str(tmp_path), steps))
+    sync = res[0]
+    assert len(sync["losses"]) == steps
+    assert np.mean(sync["losses"][-20:]) < 0.9 * np.mean(sync["losses"][:10])  # it learns
+    for k in (1, 2):
+        r = res[k]
+        assert all(np.isfinite(r["losses"]))
+        assert np.mean(r["losses"][-20:]) == pytest.approx(np.mean(sync["losses"][-20:]), rel=0.05)
+        assert r["valid"]["ndcg@200"] >= 0.5 * sync["valid"]["ndcg@200"] > 0, res
