@@ -40,7 +40,16 @@ def test_defaults_are_valid_and_dims_pad_to_4():
     ("train", {"lr": 0}, "train.lr: 0.0 is not > 0"),
     ("train", {"planner": "magic"}, "train.planner: 'magic' is not one of ['torchrec', 'hierarchical']"),
     ("train", {"balance": "x"}, "train.balance: 'x' is not one of ['none', 'collator', 'all_to_all']"),
-    ("train", {"pipeline": "x"}, "train.pipeline: 'x' is not one of"),
+    ("train", {"pipeline": "x"}, "train.pipeline: 'x' is not one of ['sync', 'sparse_dist', "
+                                 "'semi_async']"),
+    ("train", {"pipeline": "base"}, "train.pipeline: 'base' is not one of"),
+    ("train", {"staleness": 1}, "train.staleness: 1 needs train.pipeline='semi_async' "
+                                "(pipeline 'sparse_dist' is synchronous: 0 only)"),
+    ("train", {"pipeline": "sync", "staleness": 2}, "train.staleness: 2 needs train.pipeline="),
+    ("train", {"pipeline": "semi_async", "staleness": -1},
+     "train.staleness: -1 is not an integer >= 0"),
+    ("train", {"staleness": 1.5}, "train.staleness: 1.5 is not an integer"),
+    ("train", {"step_timeout_s": 0}, "train.step_timeout_s: 0.0 is not > 0"),
     ("train", {"early_stopping_patience": 2}, "train.early_stopping_patience: needs train.eval_every"),
     ("train", {"unknown": 1}, "train.unknown: unknown key"),
     ("eval", {"metric": "ndcg@7"}, "eval.metric: 'ndcg@7' is not one of"),

@@ -4,6 +4,7 @@ the loss scale are functions of the step and the gradients are summed over ranks
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -47,19 +48,34 @@ def tiny_config(dropout: float = 0.1, **train):
         "train": t, "eval": {"batch_size": 16, "ks": [5, 20], "metric": "ndcg@5"}})
 
 
+def _versions(pipeline) -> dict:
+    v = getattr(pipeline, "versions", None)
+    if v is None:
+        return {}
+    return {"staleness": v.staleness(), "distinct": v.distinct(), "updates": v.version}
+
+
 def train_run(out: str, device_type: str = "cpu", kind: str = "hstu", **train) -> dict:
     """Train on the tiny data in the current process group; losses and final metrics."""
     if device_type != "cpu":
         os.environ[_device.ENV_DEVICE] = device_type
     env = init_distributed(device_type)
+    track = bool(train.pop("track_versions", False))
     cfg = tiny_config(**train)
     trainer = Trainer(cfg, leave_two_out(tiny_sequences()), env, out, kind, peak_flops=1e9,
-                      progress=False, log=lambda _m: None)
+                      progress=False, log=lambda _m: None, track_versions=track)
     res = trainer.fit()
     losses = [v for _, v in trainer.histories[kind]["loss"]]
     ck = os.path.join(out, kind, "checkpoints", f"step_{STEPS:08d}")
     shards = sorted(f for f in os.listdir(ck) if f.endswith(".distcp")) if os.path.isdir(ck) else []
+    log = []
+    if env.rank == 0:  # rank 0 writes the log and the picture
+        with open(os.path.join(out, kind, "log.jsonl")) as f:
+            log = [json.loads(line) for line in f]
+    png = os.path.join(out, kind, "pipeline.png")
     return {"shards": shards, "losses": losses, "valid": res["valid"], "test": res["test"],
+            "log": log, "png": os.path.getsize(png) if os.path.exists(png) else 0,
+            "versions": _versions(trainer.pipeline),
             "device": str(next(trainer.model.head.parameters()).device.type),
             "sharding": res["sharding"], "world": env.world_size}
 
@@ -91,7 +107,8 @@ DROPOUT = {"batch_size": 8, "dropout": 0.1}
 def reference(tmp_path_factory):
     """One process on cpu: the runs every other test compares with."""
     return _run(tmp_path_factory.mktemp("ref"), 1,
-                [NO_DROPOUT, DROPOUT, dict(NO_DROPOUT, pipeline="base")])
+                [NO_DROPOUT, DROPOUT, dict(NO_DROPOUT, pipeline="sync"),
+                 dict(NO_DROPOUT, pipeline="semi_async", staleness=1)])
 
 
 def test_single_process_trains(reference):
@@ -101,8 +118,27 @@ def test_single_process_trains(reference):
         assert 0 < r["valid"]["mrr"] <= 1 and 0 < r["test"]["mrr"] <= 1
     # dropout changes the losses (the comparison below is not vacuous)
     assert abs(reference[0]["losses"][-1] - reference[1]["losses"][-1]) > 1e-3
-    # TrainPipelineBase trains exactly like TrainPipelineSparseDist
+    # the sync pipeline trains exactly like TrainPipelineSparseDist (the default)
     _same(reference[0], reference[2])
+
+
+def test_semi_async_staleness_1_reads_stale_tables(reference):
+    """k = 1 trains batch 0 as sync does, then differs (its lookups read the table one update
+    old), and stays finite: the wiring really runs the stale schedule."""
+    sync, stale = reference[0]["losses"], reference[3]["losses"]
+    assert stale[0] == pytest.approx(sync[0], rel=1e-6)
+    assert all(np.isfinite(stale)) and max(abs(a - b) for a, b in zip(sync[1:], stale[1:])) > 1e-3
+
+
+def test_step_records_logged_and_pipeline_png(reference):
+    """log.jsonl rows carry the pipeline's step record; pipeline.png is written per model."""
+    for r in reference[2:4]:
+        rows = [row for row in r["log"] if "loss" in row]
+        assert [row["step"] for row in rows] == list(range(1, STEPS + 1))
+        for row in rows:
+            assert row["step_ms"] > 0 and 0 <= row["busy_fraction"] <= 1
+            assert row["stage_ms/dense_fwd"] > 0 and row["stage_ms/optimizer"] > 0
+        assert r["png"] > 1000
 
 
 @pytest.mark.slow
@@ -120,6 +156,29 @@ def test_two_ranks_equal_one_process(tmp_path, reference):
         _same(reference[0], r)
     # the sharded checkpoint holds both ranks' shards
     assert runs[0]["shards"] == ["__0_0.distcp", "__1_0.distcp"]
+
+
+def _all_ranks_worker(rank: int, world: int, out: str, runs: list) -> list:
+    return _worker(rank, world, out, "cpu", runs)
+
+
+@pytest.mark.slow
+def test_semi_async_two_ranks_bound_and_one_process(tmp_path, reference):
+    """semi_async k = 1 on 2 gloo ranks x batch 4 == 1 process x batch 8 at k = 1 (dense
+    gradients summed, not averaged, as in synchronous training), also with the all_to_all
+    balancer on its own process group (it runs on the pipeline's batch thread); on both
+    ranks every lookup of batch j read, from the weights, version max(j - 1, 0)."""
+    half = {"batch_size": 4, "dropout": 0.0, "pipeline": "semi_async", "staleness": 1,
+            "track_versions": True}
+    per_rank = run_multiprocess(_all_ranks_worker, 2,
+                                (str(tmp_path), [half, dict(half, balance="all_to_all")]))
+    for runs in per_rank:
+        for r in runs:
+            assert r["world"] == 2
+            _same(reference[3], r)
+            v = r["versions"]
+            assert v["distinct"] and v["updates"] == STEPS
+            assert v["staleness"] == {j: min(j, 1) for j in range(STEPS)}
 
 
 @pytest.mark.slow
@@ -175,3 +234,54 @@ def test_early_stopping_watches_validation(tmp_path, monkeypatch, restore):
     want = at_step1 if restore else at_step3
     assert all(torch.equal(a, b) for a, b in zip(final, want))
     assert res["restored_step"] == (1 if restore else None)
+
+
+SAMPLE_DIR = os.environ.get("KUAIRAND_SAMPLE_DIR", os.path.join(
+    os.path.dirname(__file__), "..", "..", "..", "shared", "data", "kuairand-27k-sample"))
+SAMPLE = os.path.join(SAMPLE_DIR, "processed_standard_kcore_15.tsv")
+SAMPLE_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "kuairand",
+                             "configs", "sample.json")
+
+
+def _quality_worker(rank: int, world: int, out: str, steps: int) -> dict:
+    from torchrec_ascend.training import load_config
+    from torchrec_ascend.training.experiment import prepare_split
+
+    torch.set_num_threads(1)
+    env = init_distributed("cpu")
+    sets = [f"train.steps={steps}", "train.eval_every=0", "train.checkpoint_every=0",
+            'models=["hstu"]', f"data.files=[{json.dumps(SAMPLE)}]",
+            f"data.cache_dir={json.dumps(os.path.join(out, 'cache'))}"]
+    split = None
+    res = {}
+    for pipeline, k in (("sync", 0), ("semi_async", 1), ("semi_async", 2)):
+        cfg, _ = load_config(SAMPLE_CONFIG, sets + [f"train.pipeline={pipeline}",
+                                                    f"train.staleness={k}"])
+        split = split or prepare_split(cfg)
+        trainer = Trainer(cfg, split, env, os.path.join(out, f"k{k}"), "hstu", peak_flops=1e9,
+                          progress=False, log=lambda _m: None)
+        fit = trainer.fit()
+        losses = [v for _, v in trainer.histories["hstu"]["loss"]]
+        res[k] = {"valid": fit["valid"], "losses": losses}
+    return res
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists(SAMPLE), reason="the shared KuaiRand-27K sample is absent")
+def test_semi_async_quality_on_kuairand_sample(tmp_path):
+    """Issue 15's quality check, the robust part (the measured NDCG@10 differences at 400 steps
+    are in docs/semi_async.md, benchmarks/semi_async_quality.py): staleness 1 and 2 train as
+    well as sync over 80 steps of the sample config -- the mean loss of the last 20 steps within
+    5% of sync's (measured: +2.0% k=1, +3.3% k=2), and validation NDCG@200 not collapsed (>= half
+    of sync's; measured 0.93x, 0.87x; HR@200 ~0.16 vs 0.02 for a random ranking).  NDCG@10 after
+    80 steps is too noisy to assert on (one hit of 664 users: 0.0 for k=2, 0.0036 for sync)."""
+    steps = 80
+    (res,) = run_multiprocess(_quality_worker, 1, (str(tmp_path), steps))
+    sync = res[0]
+    assert len(sync["losses"]) == steps
+    assert np.mean(sync["losses"][-20:]) < 0.9 * np.mean(sync["losses"][:10])  # it learns
+    for k in (1, 2):
+        r = res[k]
+        assert all(np.isfinite(r["losses"]))
+        assert np.mean(r["losses"][-20:]) == pytest.approx(np.mean(sync["losses"][-20:]), rel=0.05)
+        assert r["valid"]["ndcg@200"] >= 0.5 * sync["valid"]["ndcg@200"] > 0, res

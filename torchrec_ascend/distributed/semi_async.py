@@ -59,11 +59,13 @@ class DistributedModelParallel(_TorchRecDMP):
         staleness: int = 0,
     ) -> None:
         staleness = check_staleness(staleness)
-        if staleness and data_parallel_wrapper is not None:
+        if staleness and not (data_parallel_wrapper is None
+                              or isinstance(data_parallel_wrapper, DeferredGradWrapper)):
             raise ValueError(
-                f"data_parallel_wrapper: must be None with staleness={staleness} (the dense "
-                "gradients are averaged by the pipeline, see docs/semi_async.md)")
-        if staleness:
+                f"data_parallel_wrapper: must be None or a DeferredGradWrapper with staleness="
+                f"{staleness} (the dense gradients are reduced by the pipeline, see "
+                "docs/semi_async.md)")
+        if staleness and data_parallel_wrapper is None:
             data_parallel_wrapper = DeferredGradWrapper()
         super().__init__(module, env=env, device=device, plan=plan, sharders=sharders,
                          init_data_parallel=init_data_parallel, init_parameters=init_parameters,

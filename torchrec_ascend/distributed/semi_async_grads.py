@@ -31,13 +31,16 @@ class UnsyncedGradientsError(RuntimeError):
 
 
 class DenseGradSync:
-    """Averages the gradients of ``params`` over ``group`` with one flat async all-reduce per
-    dtype.  ``pending`` is True between a backward that produced a gradient and :meth:`start`."""
+    """Averages (``average=True``) or sums the gradients of ``params`` over ``group`` with one
+    flat async all-reduce per dtype.  ``pending`` is True between a backward that produced a
+    gradient and :meth:`start`."""
 
-    def __init__(self, params: List[nn.Parameter], group: Optional[dist.ProcessGroup]) -> None:
+    def __init__(self, params: List[nn.Parameter], group: Optional[dist.ProcessGroup],
+                 average: bool = True) -> None:
         self.params = [p for p in params if p.requires_grad]
         self.group = group
         self.world = dist.get_world_size(group) if dist.is_initialized() else 1
+        self.average = average
         self.pending = False
         self._work: List[tuple] = []
         for p in self.params:
@@ -67,7 +70,8 @@ class DenseGradSync:
         work, self._work = self._work, []
         for handle, flat, grads in work:
             handle.wait()
-            flat.div_(self.world)
+            if self.average:
+                flat.div_(self.world)
             offset = 0
             for g in grads:
                 g.copy_(flat[offset:offset + g.numel()].view_as(g))
@@ -76,7 +80,11 @@ class DenseGradSync:
 
 class DeferredGradWrapper(DataParallelWrapper):
     """DMP's data-parallel wrapper for ``staleness >= 1``: broadcasts the dense parameters from
-    rank 0 and attaches a :class:`DenseGradSync` as ``dmp.dense_grad_sync``."""
+    rank 0 and attaches a :class:`DenseGradSync` as ``dmp.dense_grad_sync`` (``average=False``:
+    gradients summed over ranks, for losses already scaled by the global batch)."""
+
+    def __init__(self, average: bool = True) -> None:
+        self.average = average
 
     def wrap(self, dmp: "DistributedModelParallel", env: ShardingEnv,
              device: torch.device) -> None:
@@ -93,4 +101,4 @@ class DeferredGradWrapper(DataParallelWrapper):
             with torch.no_grad():
                 for p in dense:
                     dist.broadcast(p.data, src=src, group=pg)
-        dmp.dense_grad_sync = DenseGradSync(dense, group)
+        dmp.dense_grad_sync = DenseGradSync(dense, group, self.average)

@@ -21,6 +21,7 @@ So a resumed run (from ``start``) sees exactly the batches and negatives it woul
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Dict, Iterator, Optional
 
@@ -90,12 +91,16 @@ class BatchBuilder:
         split: the data; max_len: the window (most recent items); batch_size: per rank;
         rank / world: this process; seed; sampler / num_negatives: the shared pool;
         balance: ``none`` | ``collator`` | ``all_to_all``; cost_model: the balancer's
-        (required unless ``none``); prefetch: sample the next step's pool in a thread.
+        (required unless ``none``); prefetch: sample the next step's pool in a thread;
+        balance_group: the process group of the ``all_to_all`` balancer's collectives (None:
+        the default group).  ``last_balance_s``: wall seconds of the last ``all_to_all``
+        balance call (None before one / in the other modes).
     """
 
     def __init__(self, split: Split, max_len: int, batch_size: int, rank: int, world: int,
                  seed: int, sampler: NegativeSampler, num_negatives: int, balance: str = "none",
-                 cost_model: Optional[object] = None, prefetch: bool = True) -> None:
+                 cost_model: Optional[object] = None, prefetch: bool = True,
+                 balance_group: Optional[object] = None) -> None:
         from ..distributed.load_balance import build_balancer
 
         self.split, self.max_len, self.batch_size = split, int(max_len), int(batch_size)
@@ -104,6 +109,9 @@ class BatchBuilder:
         self.order = BatchOrder(split.trainable_users(), self.batch_size * self.world, seed)
         self.balance = balance
         self.balancer = build_balancer(balance, cost_model)
+        self.balance_group = balance_group
+        self.last_balance_s: Optional[float] = None
+        self.last_balanced: Optional[object] = None  # the BalancedBatch of the last build
         self._prefetcher: Optional[AsyncNegativePrefetcher] = None
         self._pending: Dict[int, GlobalBatch] = {}
 
@@ -141,9 +149,12 @@ class BatchBuilder:
         plq = torch.from_numpy(pos_lq[sel])
         users = torch.from_numpy(gb.users[rows])
         if self.balance == "all_to_all":
+            tic = time.perf_counter()
             bb = self.balancer.balance(  # type: ignore[union-attr]
                 lengths, {"items": items, "timestamps": times, "actions": actions,
-                          "pos_log_q": plq}, {"users": users})
+                          "pos_log_q": plq}, {"users": users}, group=self.balance_group)
+            self.last_balance_s = time.perf_counter() - tic
+            self.last_balanced = bb
             lengths = bb.lengths
             items, times = bb.token_fields["items"], bb.token_fields["timestamps"]
             actions, plq = bb.token_fields["actions"], bb.token_fields["pos_log_q"]

@@ -88,7 +88,11 @@ class TrainConfig:
     always happen at the end).  early_stopping_patience: stop after this many validation
     evaluations without improvement of ``eval.metric`` (0: never).  planner: ``torchrec``
     (TorchRec's EmbeddingShardingPlanner) or ``hierarchical``; sharding: the table's sharding
-    type; pipeline: a name of :data:`torchrec_ascend.training.pipelines.PIPELINES`; balance:
+    type; pipeline: ``sync`` | ``sparse_dist`` | ``semi_async``
+    (:func:`torchrec_ascend.distributed.make_train_pipeline`) and staleness: the bound ``k`` of
+    :class:`torchrec_ascend.distributed.DistributedModelParallel` (``sync`` / ``sparse_dist``:
+    0 only; ``semi_async``: any ``k >= 0``, 0 being synchronous); step_timeout_s: a step that
+    runs longer ends the process with a clear error (null: no limit); balance:
     ``none`` | ``collator`` | ``all_to_all`` (torchrec_ascend.distributed.load_balance);
     prefetch: sample the next step's negatives in a background thread.  threads: intra-op
     threads (0: torch's default).  peak_gemm_size: the GEMM that measures the MFU peak.
@@ -112,6 +116,8 @@ class TrainConfig:
     sharding: str = "row_wise"
     planner: str = "torchrec"
     pipeline: str = "sparse_dist"
+    staleness: int = 0
+    step_timeout_s: Optional[float] = None
     balance: str = "none"
     prefetch: bool = True
     seed: int = 0
@@ -307,9 +313,15 @@ def _validate(cfg: ExperimentConfig) -> None:
     _positive_int("train.peak_gemm_size", t.peak_gemm_size, 16)
     _one_of("train.sharding", t.sharding, SHARDINGS)
     _one_of("train.planner", t.planner, PLANNERS)
-    from .pipelines import PIPELINES
+    from .pipelines import KINDS
 
-    _one_of("train.pipeline", t.pipeline, sorted(PIPELINES))
+    _one_of("train.pipeline", t.pipeline, KINDS)
+    _positive_int("train.staleness", t.staleness, 0)
+    if t.staleness and t.pipeline != "semi_async":
+        raise ConfigError("train.staleness", f"{t.staleness} needs train.pipeline='semi_async' "
+                                             f"(pipeline {t.pipeline!r} is synchronous: 0 only)")
+    if t.step_timeout_s is not None and not t.step_timeout_s > 0:
+        raise ConfigError("train.step_timeout_s", f"{t.step_timeout_s} is not > 0 (or null)")
     _one_of("train.balance", t.balance, BALANCE_MODES)
     if t.early_stopping_patience and not t.eval_every:
         raise ConfigError("train.early_stopping_patience",

@@ -81,7 +81,8 @@ def run_experiment(cfg: ExperimentConfig, out: str, resume: bool = False, progre
             f"(model uses {cfg.model.embedding_dim} columns) + {trainer.num_dense:,} dense; "
             f"plan: {trainer.sharding_type} on {env.world_size} rank(s); "
             f"{trainer.total} steps ({trainer.builder.order.steps_per_epoch} per epoch), "
-            f"pipeline {cfg.train.pipeline}, balance {cfg.train.balance}")
+            f"pipeline {cfg.train.pipeline} (staleness {cfg.train.staleness}), "
+            f"balance {cfg.train.balance}")
         results[kind] = trainer.fit()
     summary: Dict[str, Any] = {
         "config": cfg.name, "world_size": env.world_size, "peak_gflops": peak / 1e9,

@@ -1,49 +1,75 @@
-"""The train-pipeline choice (``train.pipeline``): a name -> factory table.
+"""The trainer's model wrapper and train pipeline (``train.pipeline``, ``train.staleness``).
 
-``make_pipeline(name, model, optimizer, device)`` builds one of TorchRec's train pipelines around
-a ``DistributedModelParallel`` model; :func:`register_pipeline` adds a name (the semi-async
-pipeline of torchrec_ascend.distributed registers itself there).
+There is one pipeline table: :data:`torchrec_ascend.distributed.train_pipeline.KINDS`, built by
+:func:`torchrec_ascend.distributed.make_train_pipeline`.  This module only adapts it to the
+trainer:
 
-* ``sparse_dist`` (default): ``TrainPipelineSparseDist`` -- batch i+1's input distribution
-  overlaps batch i's forward / backward; the result equals synchronous training.
-* ``base``: ``TrainPipelineBase`` -- device copy of the next batch overlapped, nothing else.
+* :func:`wrap_model`: torchrec_ascend's ``DistributedModelParallel(staleness=k)``.  The trainer
+  scales each rank's loss by 1 / (queries of the global batch), so dense gradients are
+  **summed** over ranks: DDP with :class:`~.distributed.SumDataParallelWrapper` at ``k = 0``
+  (TorchRec's synchronous semantics exactly), ``DeferredGradWrapper(average=False)`` at
+  ``k >= 1`` (the semi-async pipeline starts the all-reduce after the dense backward and waits
+  for it before the optimizer step).
+* :func:`make_pipeline`: ``sync`` | ``sparse_dist`` | ``semi_async`` with the step watchdog
+  of ``train.step_timeout_s``.
+* :func:`step_row`: a pipeline's per-step record as the flat row log.jsonl / TensorBoard get;
+  :func:`draw_pipeline_png`: ``pipeline.png`` of a few steps.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict
+from typing import Any, Dict, List, Optional
 
 import torch
 
-__all__ = ["PIPELINES", "make_pipeline", "register_pipeline"]
+from ..distributed.train_pipeline import KINDS, InstrumentedPipeline, make_train_pipeline
 
-PipelineFactory = Callable[[torch.nn.Module, Any, torch.device], Any]
-
-
-def _sparse_dist(model: torch.nn.Module, optimizer: Any, device: torch.device) -> Any:
-    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
-
-    return TrainPipelineSparseDist(model, optimizer, device, execute_all_batches=True)
+__all__ = ["KINDS", "wrap_model", "make_pipeline", "step_row", "draw_pipeline_png"]
 
 
-def _base(model: torch.nn.Module, optimizer: Any, device: torch.device) -> Any:
-    from torchrec.distributed.train_pipeline import TrainPipelineBase
+def wrap_model(module: torch.nn.Module, device: torch.device, plan: Any, sharders: List[Any],
+               staleness: int) -> torch.nn.Module:
+    """``module`` sharded by ``plan`` under torchrec_ascend's DistributedModelParallel with the
+    staleness bound ``staleness``; dense gradients summed over ranks (module docstring)."""
+    from ..distributed import DistributedModelParallel
+    from ..distributed.semi_async_grads import DeferredGradWrapper
+    from .distributed import SumDataParallelWrapper
 
-    return TrainPipelineBase(model, optimizer, device)
-
-
-PIPELINES: Dict[str, PipelineFactory] = {"sparse_dist": _sparse_dist, "base": _base}
-
-
-def register_pipeline(name: str, factory: PipelineFactory) -> None:
-    """Make ``train.pipeline = name`` build ``factory(model, optimizer, device)``."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name: expected a non-empty string, got {name!r}")
-    PIPELINES[name] = factory
+    wrapper = SumDataParallelWrapper() if staleness == 0 else DeferredGradWrapper(average=False)
+    return DistributedModelParallel(module, device=device, plan=plan, sharders=sharders,
+                                    data_parallel_wrapper=wrapper, staleness=staleness)
 
 
-def make_pipeline(name: str, model: torch.nn.Module, optimizer: Any, device: torch.device) -> Any:
-    """The pipeline called ``name`` (a key of :data:`PIPELINES`)."""
-    if name not in PIPELINES:
-        raise ValueError(f"train.pipeline: {name!r} is not one of {sorted(PIPELINES)}")
-    return PIPELINES[name](model, optimizer, device)
+def make_pipeline(kind: str, model: torch.nn.Module, optimizer: Any, device: torch.device,
+                  staleness: int = 0, step_timeout_s: Optional[float] = None,
+                  track_versions: bool = False) -> InstrumentedPipeline:
+    """The pipeline ``kind`` (a name of :data:`KINDS`) over ``model`` (see
+    :func:`torchrec_ascend.distributed.make_train_pipeline` for the rules; ``track_versions``:
+    ``semi_async`` records the parameter version every lookup read, for tests)."""
+    if kind not in KINDS:
+        raise ValueError(f"train.pipeline: {kind!r} is not one of {list(KINDS)}")
+    return make_train_pipeline(kind, model, optimizer, device, staleness=staleness,
+                               step_timeout_s=step_timeout_s, track_versions=track_versions)
+
+
+def step_row(record: Dict[str, Any]) -> Dict[str, float]:
+    """``{"step_ms", "busy_fraction", "stage_ms/<stage>": ms ...}`` of a pipeline step record."""
+    row = {"step_ms": float(record["step_ms"]), "busy_fraction": float(record["busy_fraction"])}
+    for stage, ms in sorted(record["stages_ms"].items()):
+        row[f"stage_ms/{stage}"] = float(ms)
+    return row
+
+
+def draw_pipeline_png(pipeline: InstrumentedPipeline, path: str, num_steps: int = 4,
+                      title: str = "") -> Optional[str]:
+    """Draw ``num_steps`` consecutive steps of the pipeline's kept spans at ``path``: the
+    middle of what is kept (away from the start-up and the final drain).  None when no step
+    was recorded."""
+    from ..distributed.train_pipeline import draw_timeline
+
+    steps = sorted({s.step for s in pipeline.timer.spans if s.step >= 0})
+    if not steps:
+        return None
+    first = max(0, len(steps) // 2 - num_steps // 2)
+    return draw_timeline(pipeline.timer.spans, path, steps=steps[first:first + num_steps],
+                         title=title)

@@ -6,16 +6,20 @@ periodically and on validation + test at the end.
 
 What runs where (docs/training.md):
 
-* the model (:class:`~torchrec_ascend.models.GenerativeRetrieval`) under TorchRec's
-  ``DistributedModelParallel`` on ``env.device`` (npu / cuda / cpu from
+* the model (:class:`~torchrec_ascend.models.GenerativeRetrieval`) under torchrec_ascend's
+  ``DistributedModelParallel(staleness=train.staleness)`` (TorchRec's, plus the bound) on
+  ``env.device`` (npu / cuda / cpu from
   :mod:`torchrec_ascend.device`), the item table sharded by the planner of ``train.planner``
   (TorchRec's ``EmbeddingShardingPlanner`` over a topology built by ``TopologyFactory``, with a
   storage reservation that knows the dense part; or the hierarchical planner), its row-wise
-  Adagrad fused into the backward; the dense part under DDP with summed gradients
-  (:class:`~.distributed.SumDataParallelWrapper`) and AdamW (+ gradient clipping);
-* every step through the train pipeline of ``train.pipeline`` (:mod:`.pipelines`; default
-  TorchRec's ``TrainPipelineSparseDist``), fed by :class:`~.batches.BatchBuilder` (deterministic
-  order, balance hook, negatives prefetched one step ahead);
+  Adagrad fused into the backward; the dense part's gradients summed over ranks (DDP with
+  :class:`~.distributed.SumDataParallelWrapper` at staleness 0, the pipeline's deferred
+  all-reduce at staleness >= 1; :mod:`.pipelines`) and AdamW (+ gradient clipping);
+* every step through the train pipeline of ``train.pipeline`` (``sync`` | ``sparse_dist``
+  (default) | ``semi_async``, :func:`torchrec_ascend.distributed.make_train_pipeline`), fed by
+  :class:`~.batches.BatchBuilder` (deterministic order, balance hook, negatives prefetched one
+  step ahead); each step's stage record (stage ms, busy fraction) goes to log.jsonl and
+  TensorBoard, and ``<out>/<kind>/pipeline.png`` draws a few steps at the end;
 * training runs in segments between evaluation / checkpoint steps: a segment's batch iterator
   ends there, the pipeline drains, and evaluation (pipeline detached) or the checkpoint sees a
   model with no batch in flight; the next segment re-attaches it.  Dropout is seeded by the
@@ -38,9 +42,9 @@ from ..sampling import make_sampler
 from . import checkpoint as ckpt
 from .batches import BatchBuilder, cost_model_for
 from .config import ExperimentConfig
-from .distributed import DistEnv, SumDataParallelWrapper
+from .distributed import DistEnv
 from .evaluator import Evaluator, eval_users
-from .pipelines import make_pipeline
+from .pipelines import draw_pipeline_png, make_pipeline, step_row, wrap_model
 from .recorder import Recorder
 from .split import Split
 
@@ -115,16 +119,19 @@ class Trainer:
     """Trains encoder ``kind`` of ``cfg`` on ``split`` (module docstring).  ``out``: the run's
     folder (the model's log and checkpoints go to ``out/<kind>/``); ``peak_flops``: per-rank
     peak for MFU; ``resume``: continue from the latest checkpoint; ``histories``: shared dict
-    the plot reads (``kind`` -> history)."""
+    the plot reads (``kind`` -> history); ``track_versions``: the ``semi_async`` pipeline
+    records which parameter version each lookup read (``pipeline.versions``; costs a pass over
+    the local table per step: tests)."""
 
     def __init__(self, cfg: ExperimentConfig, split: Split, env: DistEnv, out: str, kind: str,
                  peak_flops: float, progress: bool = True, resume: bool = False,
                  histories: Optional[Dict[str, Dict[str, list]]] = None,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, track_versions: bool = False) -> None:
         self.cfg, self.split, self.env, self.out, self.kind = cfg, split, env, out, kind
         self.peak_flops, self.progress, self.resume = peak_flops, progress, resume
         self.histories = histories if histories is not None else {}
         self._log = log
+        self._track_versions = track_versions
         self.root = f"{out}/{kind}"
         self.best_root = f"{self.root}/best"
         self.evaluator = Evaluator(split, cfg.model.max_seq_len, cfg.eval.ks, cfg.eval.batch_size)
@@ -133,7 +140,6 @@ class Trainer:
     # ------------------------------------------------------------------ set-up
     def _build(self) -> None:
         from torchrec.distributed.embedding import EmbeddingCollectionSharder
-        from torchrec.distributed.model_parallel import DistributedModelParallel
         from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
         from torchrec.optim.optimizers import in_backward_optimizer_filter
         from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
@@ -148,13 +154,12 @@ class Trainer:
         sharders = [EmbeddingCollectionSharder()]
         planner = make_planner(self.cfg, env, dense_bytes=16 * n_dense)  # param, grad, 2 AdamW
         self.plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
-        self.dmp = DistributedModelParallel(model, device=env.device, plan=self.plan,
-                                            sharders=sharders,
-                                            data_parallel_wrapper=SumDataParallelWrapper())
+        self.dmp = wrap_model(model, env.device, self.plan, sharders, t.staleness)
         init_item_table(self.dmp, self.split.num_items, self.cfg.model.table_dim, t.seed)
         dense = [p for _, p in in_backward_optimizer_filter(self.dmp.named_parameters())]
         self.optimizer = DenseOptimizer(dense, t.lr, t.weight_decay, t.clip_grad_norm or None)
-        self.pipeline = make_pipeline(t.pipeline, self.dmp, self.optimizer, env.device)
+        self.pipeline = make_pipeline(t.pipeline, self.dmp, self.optimizer, env.device,
+                                      t.staleness, t.step_timeout_s, self._track_versions)
         counts = torch.from_numpy(self.split.item_counts()).to(torch.float32)
         sampler = make_sampler(t.sampler, self.split.num_items,
                                counts=counts if t.sampler != "uniform" else None)
@@ -162,10 +167,18 @@ class Trainer:
             self.split, self.cfg.model.max_seq_len, t.batch_size, env.rank, env.world_size,
             t.seed, sampler, t.num_negatives, t.balance,
             cost_model_for(self.kind, self.cfg.model) if t.balance != "none" else None,
-            prefetch=t.prefetch)
+            prefetch=t.prefetch, balance_group=self._balance_group())
         self.total = total_steps(self.cfg, self.builder.order.steps_per_epoch)
         self.sharding_type = self.plan.plan["ec"][TABLE].sharding_type
         self.num_dense = n_dense
+
+    def _balance_group(self) -> Optional[dist.ProcessGroup]:
+        """A process group of its own for the all_to_all balancer (collective): the batches
+        are built inside the pipeline (on its batch thread in ``semi_async``), so the
+        balancer's collectives must not share a group with the pipeline's."""
+        if self.cfg.train.balance != "all_to_all" or self.env.world_size == 1:
+            return None
+        return dist.new_group(ranks=list(range(self.env.world_size)))
 
     def say(self, msg: str) -> None:
         if self.env.rank == 0:
@@ -254,8 +267,13 @@ class Trainer:
             win[:] += [float(stats[1]), float(stats[2]), secs]
             lv = float(self._global([lv_local])[0])
             history["loss"].append((n, lv))
-            rec.log({"step": n, "loss": lv})
+            row = step_row(self.pipeline.last_stats)
+            if self.builder.last_balance_s is not None:
+                row["balance_ms"] = 1e3 * self.builder.last_balance_s
+            rec.log({"step": n, "loss": lv, **row})
             rec.scalar("train/loss", lv, n)
+            for key, value in row.items():
+                rec.scalar(f"pipeline/{key}", value, n)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{lv:.3f}", refresh=False)
@@ -279,6 +297,13 @@ class Trainer:
             if bar is not None:
                 bar.close()
             self.builder.close()
+            close = getattr(self.pipeline, "close", None)  # semi_async: its batch thread
+            if close is not None:
+                close()
+        if self.env.rank == 0:
+            draw_pipeline_png(self.pipeline, f"{self.root}/pipeline.png",
+                              title=f"{self.kind}: train.pipeline={t.pipeline}, "
+                                    f"staleness={t.staleness} (rank 0)")
         restored = None
         if e.restore_best and stop_state["best_step"] not in (None, step):
             best = ckpt.latest(self.best_root)
