@@ -24,7 +24,7 @@ from typing import Dict, Iterable, Optional, Sequence, Tuple
 
 import torch
 
-from ..ops._checks import check_offsets, check_tensor
+from ..ops.validation import check_offsets, check_tensor
 
 DEFAULT_KS: Tuple[int, ...] = (10, 50, 200)
 

@@ -30,7 +30,7 @@ from typing import List, Optional, Union
 import torch
 import torch.nn.functional as F
 
-from ..ops._checks import FLOAT_DTYPES, INDEX_DTYPES, check_same_device, check_tensor
+from ..ops.validation import FLOAT_DTYPES, INDEX_DTYPES, check_same_device, check_tensor
 from .quant import COMPUTE_MODES, half_logits, resolve_half_dtype
 from .samplers import NegativeSample
 

@@ -32,7 +32,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..ops._checks import INDEX_DTYPES, check_tensor
+from ..ops.validation import INDEX_DTYPES, check_tensor
 
 __all__ = [
     "NegativeSample",
