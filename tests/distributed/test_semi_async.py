@@ -35,7 +35,9 @@ OURS0 = [("ours", "sparse_dist", 0, "row_wise", STEPS), ("ours", "sync", 0, "row
 REF1 = ("torchrec", "torchrec_semi_sync", 0, "row_wise", STEPS)
 STALE = [("ours", "semi_async", k, "row_wise", STEPS) for k in (1, 2)]
 INLINE1 = ("ours", "semi_async_inline", 1, "row_wise", STEPS)  # no prefetch thread
-RUNS = [REF0, *OURS0, REF1, *STALE, INLINE1]
+WARMUP = 2
+WARM2 = ("ours", f"semi_async_warmup{WARMUP}", 2, "row_wise", STEPS)  # sync_warmup_steps=2
+RUNS = [REF0, *OURS0, REF1, *STALE, INLINE1, WARM2]
 
 
 def _all_worker(rank: int, world_size: int) -> dict:
@@ -97,6 +99,15 @@ def test_staleness_bound_proven_by_versions(results):
         k1, k2 = per_run[RUNS.index(STALE[0])], per_run[RUNS.index(STALE[1])]
         assert max(abs(a - b) for a, b in zip(k1["losses"], k2["losses"])) > 1e-6
         assert max(abs(a - b) for a, b in zip(sync["losses"], k2["losses"])) > 1e-6
+        # sync_warmup_steps=W: batches 0..W read their own version, then staleness rises to k
+        warm = per_run[RUNS.index(WARM2)]
+        assert warm["distinct"]
+        assert warm["staleness"] == {j: min(max(j - WARMUP, 0), 2) for j in range(STEPS)}, rank
+        n_sync = WARMUP + 1  # those batches train exactly as in synchronous training
+        torch.testing.assert_close(torch.tensor(warm["losses"][:n_sync]),
+                                   torch.tensor(sync["losses"][:n_sync]), atol=ATOL, rtol=RTOL)
+        assert max(abs(a - b) for a, b in zip(sync["losses"][n_sync:],
+                                              warm["losses"][n_sync:])) > 1e-6
 
 
 def _unsynced_worker(rank: int, world_size: int) -> dict:

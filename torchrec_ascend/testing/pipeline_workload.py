@@ -4,7 +4,8 @@ Used by ``tests/distributed/test_semi_async.py`` and ``tests/distributed/train_p
 A run is ``(dmp, pipeline, staleness,
 sharding, steps)`` with ``dmp`` in ``{"torchrec", "ours"}`` and ``pipeline`` one of
 ``torchrec_sparse_dist`` / ``torchrec_semi_sync`` (TorchRec's classes, the references),
-``semi_async_inline`` (semi_async with ``prefetch_depth=0``) or a kind of
+``semi_async_inline`` (semi_async with ``prefetch_depth=0``), ``semi_async_warmup<W>``
+(semi_async with ``sync_warmup_steps=W``) or a kind of
 :func:`make_train_pipeline`.  :class:`HSTUModel` (item EmbeddingCollection + HSTU
 encoder + in-batch next-item softmax) and :func:`hstu_batch` are the benchmark's workload
 (``benchmarks/pipeline.py``).
@@ -70,6 +71,9 @@ def pipeline_for(kind: str, model, opt, device: torch.device, staleness: int, **
     if kind == "semi_async_inline":  # semi_async reading batches without the prefetch thread
         return make_train_pipeline("semi_async", model, opt, device, staleness=staleness,
                                    prefetch_depth=0, **kw)
+    if kind.startswith("semi_async_warmup"):
+        return make_train_pipeline("semi_async", model, opt, device, staleness=staleness,
+                                   sync_warmup_steps=int(kind[len("semi_async_warmup"):]), **kw)
     if kind != "semi_async":
         kw = {k: v for k, v in kw.items() if k != "track_versions"}
     if kind == "torchrec_sparse_dist":

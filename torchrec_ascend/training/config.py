@@ -91,7 +91,9 @@ class TrainConfig:
     type; pipeline: ``sync`` | ``sparse_dist`` | ``semi_async``
     (:func:`torchrec_ascend.distributed.make_train_pipeline`) and staleness: the bound ``k`` of
     :class:`torchrec_ascend.distributed.DistributedModelParallel` (``sync`` / ``sparse_dist``:
-    0 only; ``semi_async``: any ``k >= 0``, 0 being synchronous); step_timeout_s: a step that
+    0 only; ``semi_async``: any ``k >= 0``, 0 being synchronous); sync_warmup_steps: with
+    ``staleness >= 1``, the first steps trained synchronously before the lookups run ahead
+    (TorchRec's ``start_batch``; docs/semi_async.md); step_timeout_s: a step that
     runs longer ends the process with a clear error (null: no limit); balance:
     ``none`` | ``collator`` | ``all_to_all`` (torchrec_ascend.distributed.load_balance);
     prefetch: sample the next step's negatives in a background thread.  threads: intra-op
@@ -117,6 +119,7 @@ class TrainConfig:
     planner: str = "torchrec"
     pipeline: str = "sparse_dist"
     staleness: int = 0
+    sync_warmup_steps: int = 0
     step_timeout_s: Optional[float] = None
     balance: str = "none"
     prefetch: bool = True
@@ -320,6 +323,11 @@ def _validate(cfg: ExperimentConfig) -> None:
     if t.staleness and t.pipeline != "semi_async":
         raise ConfigError("train.staleness", f"{t.staleness} needs train.pipeline='semi_async' "
                                              f"(pipeline {t.pipeline!r} is synchronous: 0 only)")
+    _positive_int("train.sync_warmup_steps", t.sync_warmup_steps, 0)
+    if t.sync_warmup_steps and not t.staleness:
+        raise ConfigError("train.sync_warmup_steps",
+                          f"{t.sync_warmup_steps} needs train.staleness >= 1 (at staleness 0 "
+                          "every step is synchronous)")
     if t.step_timeout_s is not None and not t.step_timeout_s > 0:
         raise ConfigError("train.step_timeout_s", f"{t.step_timeout_s} is not > 0 (or null)")
     _one_of("train.balance", t.balance, BALANCE_MODES)

@@ -42,14 +42,17 @@ def wrap_model(module: torch.nn.Module, device: torch.device, plan: Any, sharder
 
 def make_pipeline(kind: str, model: torch.nn.Module, optimizer: Any, device: torch.device,
                   staleness: int = 0, step_timeout_s: Optional[float] = None,
-                  track_versions: bool = False) -> InstrumentedPipeline:
+                  track_versions: bool = False, sync_warmup_steps: int = 0
+                  ) -> InstrumentedPipeline:
     """The pipeline ``kind`` (a name of :data:`KINDS`) over ``model`` (see
     :func:`torchrec_ascend.distributed.make_train_pipeline` for the rules; ``track_versions``:
-    ``semi_async`` records the parameter version every lookup read, for tests)."""
+    ``semi_async`` records the parameter version every lookup read, for tests;
+    ``sync_warmup_steps``: ``semi_async``'s synchronous first steps)."""
     if kind not in KINDS:
         raise ValueError(f"train.pipeline: {kind!r} is not one of {list(KINDS)}")
     return make_train_pipeline(kind, model, optimizer, device, staleness=staleness,
-                               step_timeout_s=step_timeout_s, track_versions=track_versions)
+                               step_timeout_s=step_timeout_s, track_versions=track_versions,
+                               sync_warmup_steps=sync_warmup_steps)
 
 
 def step_row(record: Dict[str, Any]) -> Dict[str, float]:

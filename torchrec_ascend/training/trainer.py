@@ -159,7 +159,8 @@ class Trainer:
         dense = [p for _, p in in_backward_optimizer_filter(self.dmp.named_parameters())]
         self.optimizer = DenseOptimizer(dense, t.lr, t.weight_decay, t.clip_grad_norm or None)
         self.pipeline = make_pipeline(t.pipeline, self.dmp, self.optimizer, env.device,
-                                      t.staleness, t.step_timeout_s, self._track_versions)
+                                      t.staleness, t.step_timeout_s, self._track_versions,
+                                      t.sync_warmup_steps)
         counts = torch.from_numpy(self.split.item_counts()).to(torch.float32)
         sampler = make_sampler(t.sampler, self.split.num_items,
                                counts=counts if t.sampler != "uniform" else None)
@@ -250,6 +251,8 @@ class Trainer:
                 st = ckpt.load(last, self.dmp, self.optimizer)
                 start, history = int(st["step"]), st["history"]
                 stop_state = st["early_stopping"]
+                if t.sync_warmup_steps:  # the warm-up counts global steps
+                    self.pipeline.sync_warmup_steps = max(0, t.sync_warmup_steps - start)
                 self.say(f"[{self.kind}] resumed from {last} at step {start}")
         self.histories[self.kind] = history
         rec = Recorder(self.out, self.kind, self.env.rank == 0, fresh=start == 0)

@@ -33,6 +33,11 @@ def test_argument_rules():
         make_train_pipeline("semi_async", m, opt, cpu, staleness=1, prefetch_depth=-1)
     with pytest.raises(ValueError, match="track_versions"):
         make_train_pipeline("sync", m, opt, cpu, track_versions=True)
+    with pytest.raises(ValueError, match="sync_warmup_steps=3: only the 'semi_async'"):
+        make_train_pipeline("sparse_dist", m, opt, cpu, sync_warmup_steps=3)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=f"sync_warmup_steps={bad!r}: must be an integer"):
+            make_train_pipeline("semi_async", m, opt, cpu, staleness=1, sync_warmup_steps=bad)
     assert KINDS == ("sync", "sparse_dist", "semi_async")
 
 

@@ -6,7 +6,8 @@ The one entry point the trainer calls::
                         device: torch.device, *, staleness: int | None = None,
                         on_step: Callable[[dict], None] | None = None,
                         step_timeout_s: float | None = None,
-                        track_versions: bool = False, **torchrec_kwargs) -> pipeline
+                        track_versions: bool = False, sync_warmup_steps: int = 0,
+                        **torchrec_kwargs) -> pipeline
 
 * ``kind``: ``"sync"`` (:class:`SyncPipeline`: copy, forward, backward, optimizer, nothing
   overlapped), ``"sparse_dist"`` (:class:`SparseDistPipeline`: TorchRec's
@@ -28,6 +29,8 @@ The one entry point the trainer calls::
   :class:`PeerFailureError`.
 * ``track_versions`` (``semi_async`` only): ``pipeline.versions`` records, from the weights,
   which parameter version every lookup read (:class:`ParameterVersions`).
+* ``sync_warmup_steps`` (``semi_async`` only): the lookups run ahead only after this many
+  synchronous steps (TorchRec's ``start_batch``; :class:`SemiAsyncPipeline`).
 * ``torchrec_kwargs``: passed to the pipeline class and on to TorchRec's pipeline constructor
   (``sparse_dist``, ``semi_async``), e.g. ``execute_all_batches``, ``apply_jit``;
   ``semi_async`` also takes ``prefetch_depth`` (batches the copy thread reads ahead, default 2;
@@ -76,6 +79,7 @@ def make_train_pipeline(kind: str, model: nn.Module, optimizer: torch.optim.Opti
                         device: torch.device, *, staleness: Optional[int] = None,
                         on_step: Optional[Callable[[dict], None]] = None,
                         step_timeout_s: Optional[float] = None, track_versions: bool = False,
+                        sync_warmup_steps: int = 0,
                         **torchrec_kwargs: Any) -> InstrumentedPipeline:
     """The pipeline ``kind`` over ``model`` (arguments in the module docstring)."""
     if kind not in KINDS:
@@ -92,12 +96,16 @@ def make_train_pipeline(kind: str, model: nn.Module, optimizer: torch.optim.Opti
     common = dict(on_step=on_step, step_timeout_s=step_timeout_s)
     if kind == "semi_async":
         return SemiAsyncPipeline(model, optimizer, device, staleness=staleness,
-                                 track_versions=track_versions, **common, **torchrec_kwargs)
+                                 track_versions=track_versions,
+                                 sync_warmup_steps=sync_warmup_steps, **common, **torchrec_kwargs)
     if staleness:
         raise ValueError(f"staleness={staleness}: pipeline {kind!r} is synchronous, it needs "
                          "staleness 0 (use kind='semi_async' for k >= 1)")
     if track_versions:
         raise ValueError("track_versions: only the 'semi_async' pipeline tracks versions")
+    if sync_warmup_steps:
+        raise ValueError(f"sync_warmup_steps={sync_warmup_steps!r}: only the 'semi_async' "
+                         f"pipeline has a warm-up ({kind!r} is synchronous throughout)")
     if kind == "sync":
         if torchrec_kwargs:
             raise ValueError(f"{sorted(torchrec_kwargs)}: the 'sync' pipeline takes no "

@@ -20,7 +20,11 @@ started" for ``p == k + 2``.  Step ``i``:
 6. wait for the all-reduce, dense optimizer step, zero_grad.
 
 With ``k = 0`` the lookup of batch ``i + 1`` follows batch ``i``'s update: synchronous
-semantics.  Batches are read and copied to the device on a thread (:class:`BatchPrefetcher`,
+semantics.  ``sync_warmup_steps = W`` (TorchRec's ``start_batch``, the bounded-delay remedy for
+the large early updates): the lookups run ahead only once ``W`` sparse updates have landed, so
+batch ``j`` reads version ``j - min(max(j - W, 0), k)`` (batches ``0 .. W`` synchronous, then
+staleness rising by one per batch to ``k``); counted from this pipeline's first update
+(:attr:`sync_warmup_steps` may be lowered before training, e.g. on a resume).  Batches are read and copied to the device on a thread (:class:`BatchPrefetcher`,
 ``prefetch_depth`` batches ahead; ``prefetch_depth=0`` reads them inline, without a thread).
 With ``track_versions=True`` a :class:`ParameterVersions` instance (``self.versions``) records
 the version every lookup read, from the weights themselves.
@@ -55,8 +59,14 @@ class SemiAsyncPipeline(InstrumentedPipeline, TrainPipelineSemiSync):
                  *, staleness: int = 1, timer: Optional[StageTimer] = None,
                  on_step: Optional[Callable[[dict], None]] = None,
                  step_timeout_s: Optional[float] = None, track_versions: bool = False,
-                 prefetch_depth: int = 2, **torchrec_kwargs: Any) -> None:
+                 prefetch_depth: int = 2, sync_warmup_steps: int = 0,
+                 **torchrec_kwargs: Any) -> None:
         self.staleness = check_staleness(staleness)
+        if isinstance(sync_warmup_steps, bool) or not isinstance(sync_warmup_steps, int) \
+                or sync_warmup_steps < 0:
+            raise ValueError(f"sync_warmup_steps={sync_warmup_steps!r}: must be an integer >= 0")
+        self.sync_warmup_steps = sync_warmup_steps
+        self.updates_done = 0  # sparse updates landed through this pipeline
         if prefetch_depth < 0:
             raise ValueError(f"prefetch_depth={prefetch_depth}: must be >= 0 (0: no thread)")
         self._init_instrumentation(timer, on_step, step_timeout_s)
@@ -87,8 +97,13 @@ class SemiAsyncPipeline(InstrumentedPipeline, TrainPipelineSemiSync):
         return True
 
     # --- advancing queued batches --------------------------------------------------------------
+    def lookahead(self) -> int:
+        """How many updates ahead of the training batch the lookups run now: ``staleness``
+        once ``sync_warmup_steps`` updates have landed, 0 before."""
+        return self.staleness if self.updates_done >= self.sync_warmup_steps else 0
+
     def _target(self, position: int) -> int:
-        k = self.staleness
+        k = self.lookahead()
         if position <= k:
             return _LOOKED_UP
         if position == k + 1:
@@ -159,6 +174,7 @@ class SemiAsyncPipeline(InstrumentedPipeline, TrainPipelineSemiSync):
             self.sync_embeddings(self._model, self._dmp_collection_sync_interval_batches,
                                  context)
         del context
+        self.updates_done += 1
         if self.versions is not None:
             self.versions.record_update()
         self._advance(dataloader_iter)  # overlaps the dense all-reduce
