@@ -2,29 +2,40 @@
 synchronous training after the same steps, on the shared KuaiRand-27K sample, in the trainer.
 
 Every run is :class:`torchrec_ascend.training.Trainer` with the KuaiRand example's ``sample``
-config (HSTU only; ``--steps`` steps, no periodic evaluation), one process, one thread; the
-modes differ only in ``train.pipeline`` / ``train.staleness``: ``sync`` (k = 0) and
-``semi_async`` with k = 1, 2.  The final validation NDCG@10 is on every user (full corpus).
-Seed noise: each seed of ``--seeds`` is a separate sync run, so the spread of sync over seeds
-is printed next to the staleness effect (``rel_diff`` = ndcg_k / ndcg_sync - 1, same seed,
-mean over seeds); NDCG@200 (less noisy: ~7x more hits) is reported the same way.
+config (HSTU only), ``--steps`` steps with a validation evaluation (every user, full corpus)
+every ``--eval-every`` steps, one process, one thread.  The modes differ only in
+``train.pipeline`` / ``train.staleness`` / ``train.sync_warmup_steps``:
 
-    python benchmarks/semi_async_quality.py                 # 400 steps, seeds 0-4
-    python benchmarks/semi_async_quality.py --quick         # 100 steps, seed 0 (< 2 min)
+* ``sync`` (k = 0), ``k1``, ``k2`` (``semi_async``, staleness 1 / 2 from the first step);
+* ``k1w``, ``k2w``: the same with ``--warmup`` synchronous steps first (TorchRec's
+  ``start_batch``).
+
+**Paired seeds**: a seed fixes the initial weights, the batch order, the negatives and the
+dropout masks of every step, identically in every mode, so each seed gives one paired
+relative difference ``d = ndcg_mode / ndcg_sync - 1``.  Reported per mode: the mean of ``d``
+over seeds and its 95% Student-t confidence interval, for the NDCG@10 after the last step
+(the issue's measure) and for the mean NDCG@10 over the evaluations of the second half of
+the steps (``plateau``: less evaluation noise once validation NDCG has converged), and NDCG@200.
+
+Each run is a child process (``--jobs`` at a time); the parent only collects their results.
+
+    python benchmarks/semi_async_quality.py                    # 1600 steps, seeds 0-3, 5 modes
+    python benchmarks/semi_async_quality.py --quick            # 100 steps, seed 0, sync + k1
 Writes benchmarks/results/semi_async_quality.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List
-
-import torch
+from typing import Dict, List, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -33,17 +44,26 @@ if REPO not in sys.path:
 
 from benchmarks.common import print_table, write_json  # noqa: E402
 
-MODES = (("sync", 0), ("semi_async", 1), ("semi_async", 2))
+MODES = ("sync", "k1", "k2", "k1w", "k2w")
+# two-sided 95% quantiles of Student's t, df = 1 .. 10 (published tables)
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+RESULT = "RESULT "
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="100 steps, seed 0")
-    ap.add_argument("--steps", type=int, default=None, help="training steps (default 400)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2 3 4")
-    args = ap.parse_args()
-    steps = args.steps or (100 if args.quick else 400)
-    seeds = args.seeds or ([0] if args.quick else [0, 1, 2, 3, 4])
+def mode_overrides(mode: str, warmup: int) -> List[str]:
+    """Config overrides of a mode (module docstring)."""
+    if mode == "sync":
+        return ["train.pipeline=sync", "train.staleness=0"]
+    k = int(mode[1])
+    over = ["train.pipeline=semi_async", f"train.staleness={k}"]
+    if mode.endswith("w"):
+        over.append(f"train.sync_warmup_steps={warmup}")
+    return over
+
+
+def child(mode: str, seed: int, steps: int, eval_every: int, warmup: int) -> int:
+    """One training run; prints its result as one ``RESULT {json}`` line."""
+    import torch
 
     from examples.kuairand.train import build_config
     from torchrec_ascend.training import Trainer
@@ -52,58 +72,184 @@ def main() -> int:
 
     torch.set_num_threads(1)
     env = init_distributed("cpu")
-    base = build_config("sample", [f"train.steps={steps}", "train.eval_every=0",
-                                   "train.checkpoint_every=0", 'models=["hstu"]'])
+    cfg = build_config("sample", [f"train.steps={steps}", f"train.eval_every={eval_every}",
+                                  "train.checkpoint_every=0", 'models=["hstu"]',
+                                  f"train.seed={seed}"] + mode_overrides(mode, warmup))
+    split = prepare_split(cfg)
+    tic = time.perf_counter()
+    with tempfile.TemporaryDirectory() as out:
+        res = Trainer(cfg, split, env, out, "hstu", peak_flops=1e9, progress=False,
+                      log=lambda _m: None).fit()
+    evals = [{"step": e["step"], "ndcg@10": e["ndcg@10"], "ndcg@200": e["ndcg@200"],
+              "hr@10": e["hr@10"]} for e in res["evals"]]
+    print(RESULT + json.dumps({"mode": mode, "seed": seed, "valid": res["valid"],
+                               "evals": evals, "seconds": time.perf_counter() - tic}),
+          flush=True)
+    return 0
+
+
+def stale_reads(seed: int, steps: int, ks: Sequence[int] = (1, 2)) -> Dict[str, object]:
+    """How often a stale lookup reads a row that the skipped updates changed (the Hogwild
+    "collisions are rare" premise), from the sample config's first ``steps`` batches: the share
+    of the table a step's lookups (sequences + negatives) touch, and for each ``k`` the share of
+    a batch's lookups whose row one of the previous ``k`` batches also looked up (and so
+    updated: every looked-up row gets a gradient)."""
+    import numpy as np
+
+    from examples.kuairand.train import build_config
+    from torchrec_ascend.sampling import make_sampler
+    from torchrec_ascend.training.batches import BatchBuilder
+    from torchrec_ascend.training.experiment import prepare_split
+
+    cfg = build_config("sample", [f"train.seed={seed}"])
+    split = prepare_split(cfg)
+    t = cfg.train
+    builder = BatchBuilder(split, cfg.model.max_seq_len, t.batch_size, 0, 1, seed,
+                           make_sampler(t.sampler, split.num_items), t.num_negatives,
+                           prefetch=False)
+    rows = [b.kjt.values().numpy() for b in builder.stream(0, steps)]
+    builder.close()
+    uniq = [np.unique(r) for r in rows]
+    out: Dict[str, object] = {
+        "steps": steps, "table_rows": int(split.num_items),
+        "rows_touched_per_step": float(np.mean([u.size for u in uniq]) / split.num_items)}
+    for k in ks:
+        shares = [float(np.isin(rows[j], np.concatenate(uniq[j - k:j])).mean())
+                  for j in range(k, steps)]
+        out[f"lookups_of_rows_updated_in_last_{k}"] = float(np.mean(shares))
+    return out
+
+
+def run_all(jobs: List[tuple], args: argparse.Namespace) -> List[dict]:
+    """Run every ``(mode, seed)`` as a child process, ``args.jobs`` at a time."""
+    pending, running, done = list(jobs), [], []
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    while pending or running:
+        while pending and len(running) < args.jobs:
+            mode, seed = pending.pop(0)
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, str(seed),
+                   "--steps", str(args.steps), "--eval-every", str(args.eval_every),
+                   "--warmup", str(args.warmup)]
+            running.append(((mode, seed), subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                                           stderr=subprocess.PIPE, text=True)))
+        time.sleep(0.5)
+        for item in list(running):
+            (mode, seed), proc = item
+            if proc.poll() is None:
+                continue
+            out, err = proc.communicate()
+            running.remove(item)
+            lines = [ln for ln in out.splitlines() if ln.startswith(RESULT)]
+            if proc.returncode != 0 or not lines:
+                raise RuntimeError(f"run {mode} seed {seed} failed ({proc.returncode}):\n"
+                                   f"{err[-3000:]}")
+            done.append(json.loads(lines[-1][len(RESULT):]))
+            r = done[-1]
+            print(f"{mode} seed {seed}: valid ndcg@10 {r['valid']['ndcg@10']:.4f} "
+                  f"({r['seconds']:.0f} s)  {lines[-1]}", flush=True)
+    return done
+
+
+def paired(values: Dict[str, Dict[int, float]], mode: str) -> Optional[Dict[str, object]]:
+    """Mean, sd and 95% t-interval of ``values[mode][s] / values['sync'][s] - 1`` over seeds."""
+    seeds = sorted(set(values.get(mode, {})) & set(values.get("sync", {})))
+    if not seeds:
+        return None
+    d = [values[mode][s] / values["sync"][s] - 1 for s in seeds]
+    mean = statistics.mean(d)
+    out: Dict[str, object] = {"mean": mean, "per_seed": dict(zip(map(str, seeds), d)),
+                              "seeds": len(seeds)}
+    if len(d) > 1:
+        sd = statistics.stdev(d)
+        half = T975[len(d) - 2] * sd / math.sqrt(len(d))
+        out.update(sd=sd, ci95=[mean - half, mean + half])
+    return out
+
+
+def summarize(runs: List[dict], steps: int) -> Dict[str, object]:
+    """Per-mode paired relative differences of final / plateau NDCG@10 and final NDCG@200."""
+    plateau_from = 0.5 * steps
+    final10: Dict[str, Dict[int, float]] = {}
+    final200: Dict[str, Dict[int, float]] = {}
+    plateau10: Dict[str, Dict[int, float]] = {}
+    for r in runs:
+        m, s = r["mode"], r["seed"]
+        final10.setdefault(m, {})[s] = r["valid"]["ndcg@10"]
+        final200.setdefault(m, {})[s] = r["valid"]["ndcg@200"]
+        late = [e["ndcg@10"] for e in r["evals"] if e["step"] >= plateau_from]
+        plateau10.setdefault(m, {})[s] = statistics.mean(late)
+    out: Dict[str, object] = {"values": {"final_ndcg@10": final10, "plateau_ndcg@10": plateau10,
+                                         "final_ndcg@200": final200}}
+    for name, table in (("final_ndcg@10", final10), ("plateau_ndcg@10", plateau10),
+                        ("final_ndcg@200", final200)):
+        out[name] = {m: paired(table, m) for m in table if m != "sync"}
+        sync = list(table.get("sync", {}).values())
+        if len(sync) > 1:
+            out[name]["sync_seed_relative_std"] = statistics.stdev(sync) / statistics.mean(sync)
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="100 steps, seed 0, sync and k1")
+    ap.add_argument("--steps", type=int, default=None, help="training steps (default 1600)")
+    ap.add_argument("--eval-every", type=int, default=None, help="default 100 (quick: 50)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2 3")
+    ap.add_argument("--modes", nargs="+", default=None, choices=MODES,
+                    help=f"default {' '.join(MODES)}")
+    ap.add_argument("--warmup", type=int, default=200,
+                    help="train.sync_warmup_steps of k1w / k2w (default 200)")
+    ap.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
+    ap.add_argument("--child", nargs=2, metavar=("MODE", "SEED"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.steps = args.steps or (100 if args.quick else 1600)
+    args.eval_every = args.eval_every or (50 if args.quick else 100)
+    if args.child:
+        return child(args.child[0], int(args.child[1]), args.steps, args.eval_every,
+                     args.warmup)
+    seeds = args.seeds or ([0] if args.quick else [0, 1, 2, 3])
+    modes = args.modes or (["sync", "k1"] if args.quick else list(MODES))
+    if "sync" not in modes:
+        ap.error("--modes: needs sync (every difference is paired with it)")
+    if args.jobs < 1 or args.steps < 1 or args.eval_every < 1 or args.warmup < 0:
+        ap.error("--jobs, --steps, --eval-every must be >= 1 and --warmup >= 0")
+    from examples.kuairand.train import build_config
+
+    base = build_config("sample", [])
     if not os.path.exists(base.data.files[0]):
         print(f"skipped: {base.data.files[0]} is absent")
         return 0
-    split = prepare_split(base)
+    load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    rows: List[Dict[str, object]] = []
-    ndcg: Dict[str, Dict[str, float]] = {}
-    ndcg200: Dict[str, Dict[str, float]] = {}
-    for seed in seeds:
-        for pipeline, k in MODES:
-            cfg = build_config("sample", [f"train.steps={steps}", "train.eval_every=0",
-                                          "train.checkpoint_every=0", 'models=["hstu"]',
-                                          f"train.seed={seed}", f"train.pipeline={pipeline}",
-                                          f"train.staleness={k}"])
-            tic = time.perf_counter()
-            with tempfile.TemporaryDirectory() as out:
-                res = Trainer(cfg, split, env, out, "hstu", peak_flops=1e9, progress=False,
-                              log=lambda _m: None).fit()
-            ndcg.setdefault(str(k), {})[str(seed)] = res["valid"]["ndcg@10"]
-            ndcg200.setdefault(str(k), {})[str(seed)] = res["valid"]["ndcg@200"]
-            rows.append({"seed": seed, "mode": f"{pipeline} k={k}",
-                         "valid_ndcg@10": round(res["valid"]["ndcg@10"], 5),
-                         "valid_hr@10": round(res["valid"]["hr@10"], 5),
-                         "valid_ndcg@200": round(res["valid"]["ndcg@200"], 5),
-                         "seconds": round(time.perf_counter() - tic, 1)})
-            print(rows[-1], flush=True)
-    def rel_diff(table: Dict[str, Dict[str, float]]) -> Dict[str, float]:
-        return {k: statistics.mean(table[k][s] / table["0"][s] - 1 for s in table[k])
-                for k in ("1", "2")}
-
-    def spread(table: Dict[str, Dict[str, float]]) -> object:
-        vals = list(table["0"].values())
-        return (max(vals) / min(vals) - 1) if len(vals) > 1 else None
-
-    rel, rel200 = rel_diff(ndcg), rel_diff(ndcg200)
-    seed_spread = spread(ndcg)
-    sync_sd = (statistics.stdev(ndcg["0"].values()) / statistics.mean(ndcg["0"].values())
-               if len(seeds) > 1 else None)
+    collisions = stale_reads(seeds[0], min(args.steps, 200))
+    print(f"stale reads: {collisions}", flush=True)
+    runs = run_all([(m, s) for s in seeds for m in modes], args)
+    runs.sort(key=lambda r: (r["seed"], modes.index(r["mode"])))
+    summary = summarize(runs, args.steps)
+    rows = []
+    for m in modes:
+        if m == "sync":
+            continue
+        row: Dict[str, object] = {"mode": m}
+        for name in ("final_ndcg@10", "plateau_ndcg@10", "final_ndcg@200"):
+            p = summary[name][m]  # type: ignore[index]
+            ci = p.get("ci95")
+            row[name] = (f"{100 * p['mean']:+.1f}%" +
+                         (f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]" if ci else ""))
+        rows.append(row)
     print_table(rows)
-    print(f"ndcg_rel_diff (mean over seeds): k=1 {rel['1']:+.4f}, k=2 {rel['2']:+.4f}; "
-          f"sync seed spread (max/min - 1): {seed_spread}, relative std {sync_sd}; "
-          f"ndcg@200: k=1 {rel200['1']:+.4f}, k=2 {rel200['2']:+.4f}, spread {spread(ndcg200)}")
     path = write_json("semi_async_quality", {
-        "ndcg_rel_diff": rel, "valid_ndcg@10": ndcg, "sync_seed_spread": seed_spread,
-        "sync_seed_relative_std": sync_sd, "ndcg200_rel_diff": rel200,
-        "valid_ndcg@200": ndcg200, "sync_seed_spread_ndcg200": spread(ndcg200),
-        "goal_abs_rel_diff": 0.02, "runs": rows,
+        "ndcg_rel_diff": {m[1]: summary["final_ndcg@10"][m]["mean"]  # type: ignore[index]
+                          for m in ("k1", "k2") if m in modes},
+        **summary, "goal_abs_rel_diff": 0.02, "stale_reads": collisions,
+        "runs": [{"mode": r["mode"], "seed": r["seed"], "seconds": round(r["seconds"], 1),
+                  "valid": r["valid"], "evals": r["evals"]} for r in runs],
         "config": {"config": "examples/kuairand/configs/sample.json", "models": ["hstu"],
-                   "steps": steps, "seeds": seeds, "world_size": 1, "threads": 1,
-                   "quick": args.quick},
+                   "steps": args.steps, "eval_every": args.eval_every, "seeds": seeds,
+                   "modes": modes, "sync_warmup_steps": args.warmup, "jobs": args.jobs,
+                   "plateau": f"evaluations at steps >= {0.5 * args.steps:g}",
+                   "world_size": 1, "threads": 1, "quick": args.quick},
+        "load_average_before": round(load, 2), "load_average_after": round(os.getloadavg()[0], 2),
         "seconds": round(time.perf_counter() - t0, 1)})
     print(f"wrote {path}")
     return 0
