@@ -141,6 +141,38 @@ def test_step_records_logged_and_pipeline_png(reference):
         assert r["png"] > 1000
 
 
+def _warmup_worker(rank: int, world: int, out: str) -> dict:
+    env = init_distributed("cpu")
+    seqs = leave_two_out(tiny_sequences())
+
+    def fit(name: str, steps: int, resume: bool = False, **train) -> tuple:
+        cfg = tiny_config(dropout=0.0, pipeline="semi_async", staleness=1, steps=steps,
+                          **{"sync_warmup_steps": 4, "checkpoint_every": 0, **train})
+        trainer = Trainer(cfg, seqs, env, os.path.join(out, name), "hstu", peak_flops=1e9,
+                          progress=False, log=lambda _m: None, resume=resume,
+                          track_versions=True)
+        trainer.fit()
+        return [v for _, v in trainer.histories["hstu"]["loss"]], _versions(trainer.pipeline)
+
+    full, versions = fit("full", 6)
+    no_warmup, _ = fit("none", 6, sync_warmup_steps=0)
+    fit("part", 2, checkpoint_every=2)
+    resumed, _ = fit("part", 6, resume=True)
+    return {"full": full, "versions": versions, "no_warmup": no_warmup, "resumed": resumed}
+
+
+def test_sync_warmup_steps_in_the_trainer_and_on_resume(tmp_path):
+    """train.sync_warmup_steps = 4 at k = 1 over 6 steps: batches 0..4 read their own version,
+    batch 5 one update old (from the weights); a run checkpointed at step 2 and resumed gives
+    the same losses (the warm-up counts global steps, not the resumed pipeline's); without the
+    warm-up the losses differ from step 2 on."""
+    (r,) = run_multiprocess(_warmup_worker, 1, (str(tmp_path),))
+    assert r["versions"]["staleness"] == {0: 0, 1: 0, 2: 0, 3: 0, 4: 0, 5: 1}
+    np.testing.assert_allclose(r["resumed"], r["full"], rtol=TOL, atol=TOL)
+    assert max(abs(a - b) for a, b in zip(r["full"][2:], r["no_warmup"][2:])) > 1e-4
+    assert r["full"][-1] != pytest.approx(r["no_warmup"][-1], abs=1e-6)
+
+
 @pytest.mark.slow
 def test_two_ranks_equal_one_process(tmp_path, reference):
     """World 2 x batch 4 == world 1 x batch 8 (the same global batch): losses within 1e-5,
