@@ -14,12 +14,14 @@ every ``--eval-every`` steps, one process, one thread.  The modes differ only in
 dropout masks of every step, identically in every mode, so each seed gives one paired
 relative difference ``d = ndcg_mode / ndcg_sync - 1``.  Reported per mode: the mean of ``d``
 over seeds and its 95% Student-t confidence interval, for the NDCG@10 after the last step
-(the issue's measure) and for the mean NDCG@10 over the evaluations of the second half of
+(the issue's measure) and for the mean NDCG@10 over the evaluations of the last third of
 the steps (``plateau``: less evaluation noise once validation NDCG has converged), and NDCG@200.
 
-Each run is a child process (``--jobs`` at a time); the parent only collects their results.
+Each run is a child process (``--jobs`` at a time); the parent only collects their results
+(``--runs-dir``: each run's result is kept there as JSON and reused by a later invocation with
+the same mode, seed, steps, evaluation interval and warm-up, so seeds or modes can be added).
 
-    python benchmarks/semi_async_quality.py                    # 1600 steps, seeds 0-3, 5 modes
+    python benchmarks/semi_async_quality.py                    # 1200 steps, seeds 0-2, 4 modes
     python benchmarks/semi_async_quality.py --quick            # 100 steps, seed 0, sync + k1
 Writes benchmarks/results/semi_async_quality.json.
 """
@@ -45,6 +47,8 @@ if REPO not in sys.path:
 from benchmarks.common import print_table, write_json  # noqa: E402
 
 MODES = ("sync", "k1", "k2", "k1w", "k2w")
+DEFAULT_MODES = ("sync", "k1", "k2", "k1w")
+PLATEAU = 2 / 3  # the plateau: evaluations at steps >= PLATEAU x steps
 # two-sided 95% quantiles of Student's t, df = 1 .. 10 (published tables)
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 RESULT = "RESULT "
@@ -122,7 +126,23 @@ def stale_reads(seed: int, steps: int, ks: Sequence[int] = (1, 2)) -> Dict[str, 
 
 def run_all(jobs: List[tuple], args: argparse.Namespace) -> List[dict]:
     """Run every ``(mode, seed)`` as a child process, ``args.jobs`` at a time."""
-    pending, running, done = list(jobs), [], []
+    pending, running, done = [], [], []
+
+    def cached(mode: str, seed: int) -> Optional[str]:
+        if not args.runs_dir:
+            return None
+        w = args.warmup if mode.endswith("w") else 0
+        return os.path.join(args.runs_dir, f"{mode}_seed{seed}_steps{args.steps}_"
+                                           f"eval{args.eval_every}_warmup{w}.json")
+
+    for mode, seed in jobs:
+        path = cached(mode, seed)
+        if path and os.path.exists(path):
+            with open(path) as f:
+                done.append(json.load(f))
+            print(f"{mode} seed {seed}: reused {path}", flush=True)
+        else:
+            pending.append((mode, seed))
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     while pending or running:
         while pending and len(running) < args.jobs:
@@ -145,6 +165,11 @@ def run_all(jobs: List[tuple], args: argparse.Namespace) -> List[dict]:
                                    f"{err[-3000:]}")
             done.append(json.loads(lines[-1][len(RESULT):]))
             r = done[-1]
+            path = cached(mode, seed)
+            if path:
+                os.makedirs(args.runs_dir, exist_ok=True)
+                with open(path, "w") as f:
+                    json.dump(r, f)
             print(f"{mode} seed {seed}: valid ndcg@10 {r['valid']['ndcg@10']:.4f} "
                   f"({r['seconds']:.0f} s)  {lines[-1]}", flush=True)
     return done
@@ -168,7 +193,7 @@ def paired(values: Dict[str, Dict[int, float]], mode: str) -> Optional[Dict[str,
 
 def summarize(runs: List[dict], steps: int) -> Dict[str, object]:
     """Per-mode paired relative differences of final / plateau NDCG@10 and final NDCG@200."""
-    plateau_from = 0.5 * steps
+    plateau_from = PLATEAU * steps
     final10: Dict[str, Dict[int, float]] = {}
     final200: Dict[str, Dict[int, float]] = {}
     plateau10: Dict[str, Dict[int, float]] = {}
@@ -192,23 +217,24 @@ def summarize(runs: List[dict], steps: int) -> Dict[str, object]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="100 steps, seed 0, sync and k1")
-    ap.add_argument("--steps", type=int, default=None, help="training steps (default 1600)")
+    ap.add_argument("--steps", type=int, default=None, help="training steps (default 1200)")
     ap.add_argument("--eval-every", type=int, default=None, help="default 100 (quick: 50)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2 3")
+    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2")
     ap.add_argument("--modes", nargs="+", default=None, choices=MODES,
-                    help=f"default {' '.join(MODES)}")
+                    help=f"default {' '.join(DEFAULT_MODES)}")
     ap.add_argument("--warmup", type=int, default=200,
                     help="train.sync_warmup_steps of k1w / k2w (default 200)")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
+    ap.add_argument("--runs-dir", default=None, help="keep / reuse each run's result here")
     ap.add_argument("--child", nargs=2, metavar=("MODE", "SEED"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    args.steps = args.steps or (100 if args.quick else 1600)
+    args.steps = args.steps or (100 if args.quick else 1200)
     args.eval_every = args.eval_every or (50 if args.quick else 100)
     if args.child:
         return child(args.child[0], int(args.child[1]), args.steps, args.eval_every,
                      args.warmup)
-    seeds = args.seeds or ([0] if args.quick else [0, 1, 2, 3])
-    modes = args.modes or (["sync", "k1"] if args.quick else list(MODES))
+    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    modes = args.modes or (["sync", "k1"] if args.quick else list(DEFAULT_MODES))
     if "sync" not in modes:
         ap.error("--modes: needs sync (every difference is paired with it)")
     if args.jobs < 1 or args.steps < 1 or args.eval_every < 1 or args.warmup < 0:
@@ -247,7 +273,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "config": {"config": "examples/kuairand/configs/sample.json", "models": ["hstu"],
                    "steps": args.steps, "eval_every": args.eval_every, "seeds": seeds,
                    "modes": modes, "sync_warmup_steps": args.warmup, "jobs": args.jobs,
-                   "plateau": f"evaluations at steps >= {0.5 * args.steps:g}",
+                   "plateau": f"evaluations at steps >= {PLATEAU * args.steps:g}",
                    "world_size": 1, "threads": 1, "quick": args.quick},
         "load_average_before": round(load, 2), "load_average_after": round(os.getloadavg()[0], 2),
         "seconds": round(time.perf_counter() - t0, 1)})
