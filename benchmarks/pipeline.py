@@ -25,6 +25,7 @@ on the KuaiRand sample; this synthetic workload has no validation split).
 
     python benchmarks/pipeline.py            # full
     python benchmarks/pipeline.py --quick    # < 60 s
+    python benchmarks/pipeline.py --ndcg-only   # re-copy ndcg_rel_diff only
 Writes benchmarks/results/pipeline.json and pipeline.png (``--quick``: pipeline_quick.*).
 """
 
@@ -175,7 +176,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--warmup", type=int, default=None)
+    ap.add_argument("--ndcg-only", action="store_true",
+                    help="only re-copy ndcg_rel_diff from semi_async_quality.json into the "
+                         "existing pipeline.json (after a new quality run)")
     args = ap.parse_args()
+    if args.ndcg_only:
+        import json
+
+        path = os.path.join(RESULTS_DIR, "pipeline.json")
+        with open(path) as f:
+            result = json.load(f)
+        result.update(_quality_reference())
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"updated ndcg_rel_diff in {path}: {result['ndcg_rel_diff']}")
+        return
     if args.staleness < 1:
         raise SystemExit(f"--staleness={args.staleness}: must be >= 1 (0 is the sync modes)")
     q = args.quick
