@@ -23,7 +23,9 @@ the same mode, seed, steps, evaluation interval and warm-up, so seeds or modes c
 
     python benchmarks/semi_async_quality.py                    # 1200 steps, seeds 0-2, 4 modes
     python benchmarks/semi_async_quality.py --quick            # 100 steps, seed 0, sync + k1
-Writes benchmarks/results/semi_async_quality.json.
+    python benchmarks/semi_async_quality.py --steps 2400 --modes sync k2 \
+        --name semi_async_quality_2400                         # longer, sync vs k = 2
+Writes benchmarks/results/semi_async_quality.json (``--name``: NAME.json).
 """
 
 from __future__ import annotations
@@ -226,6 +228,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="train.sync_warmup_steps of k1w / k2w (default 200)")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
     ap.add_argument("--runs-dir", default=None, help="keep / reuse each run's result here")
+    ap.add_argument("--name", default="semi_async_quality",
+                    help="result file benchmarks/results/NAME.json (default semi_async_quality)")
     ap.add_argument("--child", nargs=2, metavar=("MODE", "SEED"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.steps = args.steps or (100 if args.quick else 1200)
@@ -264,7 +268,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          (f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]" if ci else ""))
         rows.append(row)
     print_table(rows)
-    path = write_json("semi_async_quality", {
+    path = write_json(args.name, {
         "ndcg_rel_diff": {m[1]: summary["final_ndcg@10"][m]["mean"]  # type: ignore[index]
                           for m in ("k1", "k2") if m in modes},
         **summary, "goal_abs_rel_diff": 0.02, "stale_reads": collisions,
