@@ -23,11 +23,12 @@ def split():
     return leave_two_out(seqs(rng.integers(3, 30, 60).tolist(), seed=2, num_items=40))
 
 
-def builder(split, rank=0, world=1, batch=8, balance="none", prefetch=False):
+def builder(split, rank=0, world=1, batch=8, balance="none", ahead=False):
     counts = torch.from_numpy(split.item_counts()).float() + 1
     cost = HSTUCostModel(1.0, 0.05) if balance != "none" else None
     return BatchBuilder(split, 10, batch, rank, world, seed=7, sampler=PopularitySampler(counts),
-                        num_negatives=12, balance=balance, cost_model=cost, prefetch=prefetch)
+                        num_negatives=12, balance=balance, cost_model=cost, prefetch=False,
+                        balance_ahead=ahead)
 
 
 def test_order_is_a_pure_function_of_seed_and_step(split):
@@ -86,13 +87,13 @@ def test_stream_resumed_equals_continued(split):
 
 
 def test_all_to_all_builds_one_step_ahead_on_a_worker_and_delivers_the_same_batches(split):
-    """prefetch + all_to_all: every batch is built (and balanced) on the worker thread, one step
+    """balance_ahead: every batch is built (and balanced) on the worker thread, one step
     ahead; the batches equal the inline ones, also across a resumed stream."""
     import threading
 
     inline = builder(split, balance="all_to_all")
     want = [(x.items, x.offsets, x.users, x.kjt["neg"].values()) for x in inline.stream(0, 5)]
-    ahead = builder(split, balance="all_to_all", prefetch=True)
+    ahead = builder(split, balance="all_to_all", ahead=True)
     threads = []
     real = ahead.balancer.balance
     ahead.balancer.balance = lambda *a, **k: threads.append(threading.current_thread().name) or real(*a, **k)
@@ -111,3 +112,5 @@ def test_all_to_all_builds_one_step_ahead_on_a_worker_and_delivers_the_same_batc
         assert all(torch.equal(p, q) for p, q in zip(g, w))
     assert len(threads) == 5 and all(t.startswith("batch-ahead") for t in threads)
     assert inline.last_wait_s is None  # inline: nothing to wait for
+    with pytest.raises(ValueError, match="balance_ahead: needs balance='all_to_all', got 'none'"):
+        builder(split, ahead=True)

@@ -92,11 +92,12 @@ class BatchBuilder:
         split: the data; max_len: the window (most recent items); batch_size: per rank;
         rank / world: this process; seed; sampler / num_negatives: the shared pool;
         balance: ``none`` | ``collator`` | ``all_to_all``; cost_model: the balancer's
-        (required unless ``none``); prefetch: sample the next step's pool in a thread and, with
-        ``all_to_all``, build (and balance) the next step's batch on a worker thread while the
-        caller trains on this one (:meth:`stream`); balance_group: the process group of the
-        ``all_to_all`` balancer's collectives (None: the default group; with ``prefetch`` they
-        run on the worker thread, so give the balancer a group of its own).
+        (required unless ``none``); prefetch: sample the next step's pool in a thread;
+        balance_group: the process group of the ``all_to_all`` balancer's collectives (None:
+        the default group; with ``balance_ahead`` they run on the worker thread, so give the
+        balancer a group of its own); balance_ahead (``all_to_all`` only; also an attribute,
+        read when a stream starts): build (and balance) the next step's batch on a worker
+        thread while the caller trains on this one (:meth:`stream`).
 
     Of the batch :meth:`stream` delivered last: ``last_balanced`` (its
     :class:`~torchrec_ascend.distributed.load_balance.BalancedBatch`; restore on a group other
@@ -110,7 +111,7 @@ class BatchBuilder:
     def __init__(self, split: Split, max_len: int, batch_size: int, rank: int, world: int,
                  seed: int, sampler: NegativeSampler, num_negatives: int, balance: str = "none",
                  cost_model: Optional[object] = None, prefetch: bool = True,
-                 balance_group: Optional[object] = None) -> None:
+                 balance_group: Optional[object] = None, balance_ahead: bool = False) -> None:
         from ..distributed.load_balance import build_balancer
 
         self.split, self.max_len, self.batch_size = split, int(max_len), int(batch_size)
@@ -126,7 +127,9 @@ class BatchBuilder:
         self.last_balanced: Optional[object] = None  # the BalancedBatch of the last batch
         self._prefetcher: Optional[AsyncNegativePrefetcher] = None
         self._pending: Dict[int, GlobalBatch] = {}
-        self._ahead = balance == "all_to_all" and prefetch
+        if balance_ahead and balance != "all_to_all":
+            raise ValueError(f"balance_ahead: needs balance='all_to_all', got {balance!r}")
+        self.balance_ahead = bool(balance_ahead)
         self._worker: Optional[cf.ThreadPoolExecutor] = None
 
     # ----------------------------------------------------------------- pieces
@@ -205,7 +208,7 @@ class BatchBuilder:
     def stream(self, start: int, stop: int) -> Iterator[SequenceBatch]:
         """The batches of steps ``[start, stop)``; consecutive calls must continue where the
         previous one stopped (the prefetcher's step counter follows the global step).  With
-        ``all_to_all`` and ``prefetch``, step ``s + 1``'s batch is built (and balanced: its
+        ``balance_ahead``, step ``s + 1``'s batch is built (and balanced: its
         collectives) on the worker thread while the caller uses step ``s``'s; the steps' order,
         and so every batch, is the same as without."""
         pf = self._pool(start)
@@ -217,7 +220,7 @@ class BatchBuilder:
                 raise RuntimeError(f"negative pool of step {neg.step} delivered for step {step}")
             return self._build(self._pending.pop(step), neg.negatives)
 
-        if not self._ahead:
+        if not self.balance_ahead:
             for _ in range(start, stop):
                 batch, balanced = build_next()
                 self.last_balanced, self.last_balance_s, self.last_balance_cpu_s = balanced
