@@ -23,11 +23,12 @@ def split():
     return leave_two_out(seqs(rng.integers(3, 30, 60).tolist(), seed=2, num_items=40))
 
 
-def builder(split, rank=0, world=1, batch=8, balance="none"):
+def builder(split, rank=0, world=1, batch=8, balance="none", ahead=False):
     counts = torch.from_numpy(split.item_counts()).float() + 1
     cost = HSTUCostModel(1.0, 0.05) if balance != "none" else None
     return BatchBuilder(split, 10, batch, rank, world, seed=7, sampler=PopularitySampler(counts),
-                        num_negatives=12, balance=balance, cost_model=cost, prefetch=False)
+                        num_negatives=12, balance=balance, cost_model=cost, prefetch=False,
+                        balance_ahead=ahead)
 
 
 def test_order_is_a_pure_function_of_seed_and_step(split):
@@ -83,3 +84,33 @@ def test_stream_resumed_equals_continued(split):
     # the pool of step s is the sampler's draw with step_generator(seed, s)
     gb = b.global_batch(4)
     assert torch.equal(full[4], b.sampler.sample(gb.pos_ids, 12, step_generator(7, 4)).ids)
+
+
+def test_all_to_all_builds_one_step_ahead_on_a_worker_and_delivers_the_same_batches(split):
+    """balance_ahead: every batch is built (and balanced) on the worker thread, one step
+    ahead; the batches equal the inline ones, also across a resumed stream."""
+    import threading
+
+    inline = builder(split, balance="all_to_all")
+    want = [(x.items, x.offsets, x.users, x.kjt["neg"].values()) for x in inline.stream(0, 5)]
+    ahead = builder(split, balance="all_to_all", ahead=True)
+    threads = []
+    real = ahead.balancer.balance
+    ahead.balancer.balance = lambda *a, **k: threads.append(threading.current_thread().name) or real(*a, **k)
+    got = []
+    try:
+        for a, b in ((0, 2), (2, 5)):
+            for x in ahead.stream(a, b):
+                got.append((x.items, x.offsets, x.users, x.kjt["neg"].values()))
+                assert ahead.last_balanced is not None and ahead.last_wait_s >= 0
+                assert ahead.last_balance_s > 0 and ahead.last_balance_cpu_s >= 0
+                assert torch.equal(ahead.last_balanced.lengths, torch.diff(x.offsets))
+    finally:
+        ahead.close()
+    assert len(got) == len(want) == 5
+    for g, w in zip(got, want):
+        assert all(torch.equal(p, q) for p, q in zip(g, w))
+    assert len(threads) == 5 and all(t.startswith("batch-ahead") for t in threads)
+    assert inline.last_wait_s is None  # inline: nothing to wait for
+    with pytest.raises(ValueError, match="balance_ahead: needs balance='all_to_all', got 'none'"):
+        builder(split, ahead=True)

@@ -40,6 +40,7 @@ def test_defaults_are_valid_and_dims_pad_to_4():
     ("train", {"lr": 0}, "train.lr: 0.0 is not > 0"),
     ("train", {"planner": "magic"}, "train.planner: 'magic' is not one of ['torchrec', 'hierarchical']"),
     ("train", {"balance": "x"}, "train.balance: 'x' is not one of ['none', 'collator', 'all_to_all']"),
+    ("train", {"balance_ahead": True}, "train.balance_ahead: needs train.balance='all_to_all' (got 'none')"),
     ("train", {"pipeline": "x"}, "train.pipeline: 'x' is not one of ['sync', 'sparse_dist', "
                                  "'semi_async']"),
     ("train", {"pipeline": "base"}, "train.pipeline: 'base' is not one of"),

@@ -176,12 +176,13 @@ def test_sync_warmup_steps_in_the_trainer_and_on_resume(tmp_path):
 @pytest.mark.slow
 def test_two_ranks_equal_one_process(tmp_path, reference):
     """World 2 x batch 4 == world 1 x batch 8 (the same global batch): losses within 1e-5,
-    also with the all_to_all balancer + the hierarchical planner and with the collator
-    balancer.  Dropout 0: dropout masks are drawn per rank (with dropout, world sizes agree in
+    also with the all_to_all balancer (balancing one step ahead on the builder's worker) + the
+    hierarchical planner and with the collator balancer.  Dropout 0: dropout masks are drawn per rank (with dropout, world sizes agree in
     distribution only)."""
     half = {"batch_size": 4, "dropout": 0.0}
     runs = _run(tmp_path, 2, [dict(half, checkpoint_every=STEPS),
-                              dict(half, balance="all_to_all", planner="hierarchical"),
+                              dict(half, balance="all_to_all", planner="hierarchical",
+                                   balance_ahead=True),
                               dict(half, balance="collator")])
     for r in runs:
         assert r["world"] == 2

@@ -21,6 +21,7 @@ So a resumed run (from ``start``) sees exactly the batches and negatives it woul
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import time
 from dataclasses import dataclass
 from typing import Dict, Iterator, Optional
@@ -93,14 +94,24 @@ class BatchBuilder:
         balance: ``none`` | ``collator`` | ``all_to_all``; cost_model: the balancer's
         (required unless ``none``); prefetch: sample the next step's pool in a thread;
         balance_group: the process group of the ``all_to_all`` balancer's collectives (None:
-        the default group).  ``last_balance_s``: wall seconds of the last ``all_to_all``
-        balance call (None before one / in the other modes).
+        the default group; with ``balance_ahead`` they run on the worker thread, so give the
+        balancer a group of its own); balance_ahead (``all_to_all`` only; also an attribute,
+        read when a stream starts): build (and balance) the next step's batch on a worker
+        thread while the caller trains on this one (:meth:`stream`).
+
+    Of the batch :meth:`stream` delivered last: ``last_balanced`` (its
+    :class:`~torchrec_ascend.distributed.load_balance.BalancedBatch`; restore on a group other
+    than ``balance_group`` while the worker balances the next one), ``last_balance_s`` (wall
+    seconds of its ``balance`` call) and ``last_balance_cpu_s`` (that call's CPU time on the
+    thread that ran it); ``last_wait_s``: how long :meth:`stream` waited for the worker to
+    deliver it (the balancing left on the caller's critical path).  None before a batch / in the
+    other modes.
     """
 
     def __init__(self, split: Split, max_len: int, batch_size: int, rank: int, world: int,
                  seed: int, sampler: NegativeSampler, num_negatives: int, balance: str = "none",
                  cost_model: Optional[object] = None, prefetch: bool = True,
-                 balance_group: Optional[object] = None) -> None:
+                 balance_group: Optional[object] = None, balance_ahead: bool = False) -> None:
         from ..distributed.load_balance import build_balancer
 
         self.split, self.max_len, self.batch_size = split, int(max_len), int(batch_size)
@@ -111,9 +122,15 @@ class BatchBuilder:
         self.balancer = build_balancer(balance, cost_model)
         self.balance_group = balance_group
         self.last_balance_s: Optional[float] = None
-        self.last_balanced: Optional[object] = None  # the BalancedBatch of the last build
+        self.last_balance_cpu_s: Optional[float] = None
+        self.last_wait_s: Optional[float] = None
+        self.last_balanced: Optional[object] = None  # the BalancedBatch of the last batch
         self._prefetcher: Optional[AsyncNegativePrefetcher] = None
         self._pending: Dict[int, GlobalBatch] = {}
+        if balance_ahead and balance != "all_to_all":
+            raise ValueError(f"balance_ahead: needs balance='all_to_all', got {balance!r}")
+        self.balance_ahead = bool(balance_ahead)
+        self._worker: Optional[cf.ThreadPoolExecutor] = None
 
     # ----------------------------------------------------------------- pieces
     def global_batch(self, step: int) -> GlobalBatch:
@@ -135,7 +152,16 @@ class BatchBuilder:
 
     def build(self, gb: GlobalBatch, neg: NegativeSample) -> SequenceBatch:
         """This rank's batch of ``gb`` with the shared pool ``neg`` (sampled from
-        ``gb.pos_ids``)."""
+        ``gb.pos_ids``); sets ``last_balanced`` / ``last_balance_s`` / ``last_balance_cpu_s``."""
+        batch, balanced = self._build(gb, neg)
+        self.last_balanced, self.last_balance_s, self.last_balance_cpu_s = balanced
+        return batch
+
+    def _build(self, gb: GlobalBatch, neg: NegativeSample):
+        """``(batch, (BalancedBatch, balance wall s, balance thread-CPU s))``; the second part is
+        ``(None, None, None)`` unless ``all_to_all``.  Touches no ``last_*`` state (it may run on
+        the worker thread)."""
+        balanced = (None, None, None)
         pos_lq = np.zeros(gb.tokens.size, dtype=np.float32)
         pos_lq[gb.query_tokens] = neg.pos_log_q.detach().cpu().numpy()
         rows = self.rank_rows(gb)
@@ -149,12 +175,11 @@ class BatchBuilder:
         plq = torch.from_numpy(pos_lq[sel])
         users = torch.from_numpy(gb.users[rows])
         if self.balance == "all_to_all":
-            tic = time.perf_counter()
+            tic, tic_cpu = time.perf_counter(), time.thread_time()
             bb = self.balancer.balance(  # type: ignore[union-attr]
                 lengths, {"items": items, "timestamps": times, "actions": actions,
                           "pos_log_q": plq}, {"users": users}, group=self.balance_group)
-            self.last_balance_s = time.perf_counter() - tic
-            self.last_balanced = bb
+            balanced = (bb, time.perf_counter() - tic, time.thread_time() - tic_cpu)
             lengths = bb.lengths
             items, times = bb.token_fields["items"], bb.token_fields["timestamps"]
             actions, plq = bb.token_fields["actions"], bb.token_fields["pos_log_q"]
@@ -165,7 +190,7 @@ class BatchBuilder:
             items=items, offsets=offsets, timestamps=times, actions=actions, users=users,
             kjt=item_kjt(items, lengths, neg.ids), pos_log_q=plq,
             neg_log_q=neg.log_q.to(torch.float32),
-            loss_scale=torch.tensor(1.0 / max(gb.num_queries, 1), dtype=torch.float32))
+            loss_scale=torch.tensor(1.0 / max(gb.num_queries, 1), dtype=torch.float32)), balanced
 
     # ----------------------------------------------------------------- the stream
     def _pool(self, start: int) -> AsyncNegativePrefetcher:
@@ -182,14 +207,44 @@ class BatchBuilder:
 
     def stream(self, start: int, stop: int) -> Iterator[SequenceBatch]:
         """The batches of steps ``[start, stop)``; consecutive calls must continue where the
-        previous one stopped (the prefetcher's step counter follows the global step)."""
+        previous one stopped (the prefetcher's step counter follows the global step).  With
+        ``balance_ahead``, step ``s + 1``'s batch is built (and balanced: its
+        collectives) on the worker thread while the caller uses step ``s``'s; the steps' order,
+        and so every batch, is the same as without."""
         pf = self._pool(start)
-        for step, neg in pf.prefetch(range(start, stop), self._submit):
+        items = pf.prefetch(range(start, stop), self._submit)
+
+        def build_next():
+            step, neg = next(items)
             if neg.step != step:
                 raise RuntimeError(f"negative pool of step {neg.step} delivered for step {step}")
-            yield self.build(self._pending.pop(step), neg.negatives)
+            return self._build(self._pending.pop(step), neg.negatives)
+
+        if not self.balance_ahead:
+            for _ in range(start, stop):
+                batch, balanced = build_next()
+                self.last_balanced, self.last_balance_s, self.last_balance_cpu_s = balanced
+                yield batch
+            return
+        if self._worker is None:
+            self._worker = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-ahead")
+        fut = self._worker.submit(build_next) if start < stop else None
+        try:
+            for step in range(start, stop):
+                tic = time.perf_counter()
+                batch, balanced = fut.result()  # type: ignore[union-attr]
+                self.last_wait_s = time.perf_counter() - tic
+                fut = self._worker.submit(build_next) if step + 1 < stop else None
+                self.last_balanced, self.last_balance_s, self.last_balance_cpu_s = balanced
+                yield batch
+        finally:
+            if fut is not None and not fut.cancel():
+                fut.result()  # a build in flight finishes (its collectives pair with the peers')
 
     def close(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
         if self._prefetcher is not None:
             self._prefetcher.close()
             self._prefetcher = None

@@ -96,7 +96,10 @@ class TrainConfig:
     (TorchRec's ``start_batch``; docs/semi_async.md); step_timeout_s: a step that
     runs longer ends the process with a clear error (null: no limit); balance:
     ``none`` | ``collator`` | ``all_to_all`` (torchrec_ascend.distributed.load_balance);
-    prefetch: sample the next step's negatives in a background thread.  threads: intra-op
+    prefetch: sample the next step's negatives in a background thread; balance_ahead (with
+    ``all_to_all``): build and balance the next step's batch on a worker thread while this step
+    trains (off the critical path, but it shares the GIL and the core: measured slower end to end
+    on a 2-core CPU host, docs/load_balance.md).  threads: intra-op
     threads (0: torch's default).  peak_gemm_size: the GEMM that measures the MFU peak.
     """
 
@@ -123,6 +126,7 @@ class TrainConfig:
     step_timeout_s: Optional[float] = None
     balance: str = "none"
     prefetch: bool = True
+    balance_ahead: bool = False
     seed: int = 0
     threads: int = 0
     peak_gemm_size: int = 2048
@@ -331,6 +335,8 @@ def _validate(cfg: ExperimentConfig) -> None:
     if t.step_timeout_s is not None and not t.step_timeout_s > 0:
         raise ConfigError("train.step_timeout_s", f"{t.step_timeout_s} is not > 0 (or null)")
     _one_of("train.balance", t.balance, BALANCE_MODES)
+    if t.balance_ahead and t.balance != "all_to_all":
+        raise ConfigError("train.balance_ahead", f"needs train.balance='all_to_all' (got {t.balance!r})")
     if t.early_stopping_patience and not t.eval_every:
         raise ConfigError("train.early_stopping_patience",
                           "needs train.eval_every > 0 (early stopping watches periodic validation)")

@@ -78,6 +78,24 @@ def test_refinement_reaches_the_optimum_where_lpt_does_not():
     assert max(_loads_loop(costs.tolist(), plan_assignment(costs, 2).tolist(), 2)) == 6
 
 
+@pytest.mark.parametrize("cap", [None, 9])
+def test_lpt_without_a_size_limit_equals_the_size_limited_path_with_room_to_spare(cap):
+    """The no-size-limit LPT (one heap operation per item) places every item where the general
+    path (which checks each bin's room) does when the room never binds; ties included."""
+    g = torch.Generator().manual_seed(5)
+    for trial in range(20):
+        n = int(torch.randint(1, 60, (1,), generator=g))
+        costs = torch.randint(0, 6, (n,), generator=g).double()  # many ties
+        bins = 7 if cap is not None else int(torch.randint(1, 9, (1,), generator=g))
+        if cap is not None and cap * bins < n:
+            continue
+        sizes = torch.ones(n)
+        for refine in (False, True):
+            fast = plan_assignment(costs, bins, cap, refine=refine)
+            general = plan_assignment(costs, bins, cap, sizes=sizes, max_size_per_bin=n + 1.0, refine=refine)
+            assert torch.equal(fast, general), (trial, refine)
+
+
 def test_deterministic_and_tie_breaks_by_index():
     g = torch.Generator().manual_seed(5)
     c = torch.randint(1, 5, (200,), generator=g).double()  # many ties

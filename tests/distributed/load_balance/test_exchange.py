@@ -118,6 +118,26 @@ def _count_gathers(rank: int):
         exchange._all_gather = real
 
 
+def _async_restore(rank: int, bal: AllToAllBalancer) -> bool:
+    """restore / restore_tokens on a group of their own with async_op=True, while a balance runs
+    on the default group: the original rows come back."""
+    import torch.distributed as dist
+
+    other = dist.new_group(ranks=[0, 1])
+    b = _batch("mixed", rank)
+    bb = bal.balance(b["lengths"], b["tok"], b["smp"], num_targets=b["nt"])
+    users = bb.restore(bb.sample_fields["user"], other, async_op=True)
+    ids = bb.restore_tokens(bb.token_fields["ids"], other, async_op=True)
+    nxt = _batch("plain", rank)
+    bal.balance(nxt["lengths"], nxt["tok"], nxt["smp"])  # the default group meanwhile
+    assert torch.equal(users.wait(), b["smp"]["user"]) and users.done()
+    assert users.wait() is users.wait()
+    assert torch.equal(ids.wait(), b["tok"]["ids"])
+    with pytest.raises(ValueError, match="per_sample: expected"):
+        bb.restore(torch.zeros(1), other, async_op=True)
+    return True
+
+
 def _worker(rank: int, world: int) -> dict:
     out = {}
     bal = AllToAllBalancer(MODEL)
@@ -169,6 +189,7 @@ def _worker(rank: int, world: int) -> dict:
         assert torch.equal(jout.to_dense()[i], srcj[r]["tok"]["actf"][off[j]:off[j + 1]])
         assert torch.equal(jout.to_dense_weights()[i], srcj[r]["tok"]["ids"][off[j]:off[j + 1]].double())
     out["kjt_B"] = kout.stride()
+    out["async_restore"] = _async_restore(rank, bal)
     out["gathers"] = _count_gathers(rank)
     out["bad_kjt"] = _error(lambda: bal.balance_kjt(kjt, cost_key="nope"))
     out["training"] = _train_worker(rank, world)
@@ -243,6 +264,10 @@ def test_metadata_takes_one_gather_once_the_capacity_fits(results):
     assert results[0]["gathers"] == results[1]["gathers"] == [2, 1, 2, 1, 2]
 
 
+def test_restore_on_another_group_asynchronously(results):
+    assert all(r["async_restore"] for r in results)
+
+
 def test_one_process_is_the_identity():
     b = _batch("mixed", 0)
     bal = AllToAllBalancer(MODEL)
@@ -252,6 +277,8 @@ def test_one_process_is_the_identity():
         assert torch.equal(bb.token_fields[k], v)
     for k, v in b["smp"].items():
         assert torch.equal(bb.sample_fields[k], v) and torch.equal(bb.restore(v), v)
+        pending = bb.restore(v, async_op=True)
+        assert pending.done() and torch.equal(pending.wait(), v)
     assert bb.imbalance == 0.0
     with pytest.raises(ValueError, match="rank 0: lengths: expected an integer dtype"):
         bal.balance(b["lengths"].float(), b["tok"])

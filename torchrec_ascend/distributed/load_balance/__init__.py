@@ -39,8 +39,10 @@ onto :func:`build_balancer`)::
             -> (KeyedJaggedTensor, BalancedBatch)
     BalancedBatch: .lengths [B'], .offsets [B'+1], .token_fields, .sample_fields, .num_targets,
                    .source_rank [B'], .source_index [B'], .rank_costs [world], .imbalance,
-                   .restore(per_sample [B', ...]) -> [B, ...]          (collective, original order)
-                   .restore_tokens(per_token [T', ...]) -> [T, ...]    (collective)
+                   .restore(per_sample [B', ...], group=None, *, async_op=False) -> [B, ...]
+                                                                     (collective, original order)
+                   .restore_tokens(per_token [T', ...], group=None, *, async_op=False) -> [T, ...]
+    PendingRestore (restore with async_op=True): .wait() -> the tensor, .done() -> bool
 
     build_balancer(mode, cost_model, **limits) -> None | CollatorBalancer | AllToAllBalancer
 
@@ -55,12 +57,12 @@ from typing import Optional, Union
 from .assign import RankPlanner, bin_loads, imbalance, plan_assignment
 from .collator import BalancedBatchSampler, CollatorBalancer
 from .cost import HSTUCostModel, calibration_key, default_cache_dir
-from .exchange import AllToAllBalancer, BalancedBatch
+from .exchange import AllToAllBalancer, BalancedBatch, PendingRestore
 
 __all__ = [
     "AllToAllBalancer", "BalancedBatch", "BalancedBatchSampler", "CollatorBalancer",
-    "HSTUCostModel", "MODES", "RankPlanner", "bin_loads", "build_balancer", "calibration_key",
-    "default_cache_dir", "imbalance", "plan_assignment",
+    "HSTUCostModel", "MODES", "PendingRestore", "RankPlanner", "bin_loads", "build_balancer",
+    "calibration_key", "default_cache_dir", "imbalance", "plan_assignment",
 ]
 
 MODES = ("none", "collator", "all_to_all")

@@ -52,7 +52,17 @@ def _lpt(c: np.ndarray, num_bins: int, cap: Optional[int], s: Optional[np.ndarra
     size = s.tolist() if s is not None else None
     used = [0.0] * num_bins
     heap = [(0.0, 0, k) for k in range(num_bins)]  # (cost, items, bin): already a heap
-    for i in np.argsort(-c, kind="stable").tolist():
+    order = np.argsort(-c, kind="stable").tolist()
+    if size is None:  # no size limit: the cheapest bin always takes the item (one heap op)
+        for i in order:
+            load, cnt, k = heap[0]
+            bins[i] = k
+            if cap is None or cnt + 1 < cap:
+                heapq.heapreplace(heap, (load + cost[i], cnt + 1, k))
+            else:
+                heapq.heappop(heap)  # full; cap * num_bins >= N, so a bin remains for every item
+        return np.array(bins, dtype=np.int64)
+    for i in order:
         skipped = []
         while heap:
             entry = heapq.heappop(heap)

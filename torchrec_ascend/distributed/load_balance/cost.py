@@ -32,6 +32,7 @@ import time
 import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -54,17 +55,17 @@ def default_cache_dir() -> str:
     return os.path.join(base, "torchrec_ascend")
 
 
-def _check_lengths(name: str, t: torch.Tensor) -> torch.Tensor:
+def _check_lengths(name: str, t: torch.Tensor) -> np.ndarray:
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name}: expected a Tensor, got {type(t).__name__}")
     if t.dim() != 1:
         raise ValueError(f"{name}: expected a 1-D tensor, got shape {tuple(t.shape)}")
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
         raise ValueError(f"{name}: expected an integer dtype, got {t.dtype}")
-    t = t.detach().to("cpu", torch.int64)
-    if t.numel() and int(t.min()) < 0:
-        raise ValueError(f"{name}: must be >= 0, got min {int(t.min())}")
-    return t
+    a = t.detach().to("cpu", torch.int64).numpy()
+    if a.size and int(a.min()) < 0:
+        raise ValueError(f"{name}: must be >= 0, got min {int(a.min())}")
+    return a
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,17 +95,17 @@ class HSTUCostModel:
     def cost(self, lengths: torch.Tensor, num_targets: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Cost of each sequence: ``lengths [B]`` (integer, >= 0) and optional ``num_targets [B]``
         (``0 <= num_targets <= lengths``) -> float64 ``[B]`` on the CPU."""
-        n = _check_lengths("lengths", lengths).to(torch.float64)
+        n = _check_lengths("lengths", lengths).astype(np.float64)  # host numpy: small arrays
         c = n * self.a + n * n * self.b
         if num_targets is not None:
-            t = _check_lengths("num_targets", num_targets)
+            t = _check_lengths("num_targets", num_targets).astype(np.float64)
             if t.shape != n.shape:
                 raise ValueError(f"num_targets: shape {tuple(t.shape)} != lengths shape {tuple(n.shape)}")
-            if t.numel() and bool((t.to(torch.float64) > n).any()):
+            if t.size and bool((t > n).any()):
                 raise ValueError("num_targets: a sequence has more targets than tokens "
                                  "(num_targets > lengths)")
-            c = c + t.to(torch.float64) * self.target_coef
-        return c
+            c = c + t * self.target_coef
+        return torch.from_numpy(c)
 
     # ------------------------------------------------------------------ FLOPs
     @classmethod

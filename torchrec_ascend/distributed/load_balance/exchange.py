@@ -37,7 +37,7 @@ import torch.distributed as dist
 from .assign import RankPlanner
 from .packing import Field, pack, peer_bytes, to_bytes, token_index, unpack
 
-__all__ = ["AllToAllBalancer", "BalancedBatch"]
+__all__ = ["AllToAllBalancer", "BalancedBatch", "PendingRestore"]
 
 _HEADER = 4  # int64 words: local batch size, schema hash, error flag, metadata words
 _TARGETS = "\0num_targets"  # internal field name of num_targets (no user name starts with NUL)
@@ -61,13 +61,14 @@ def _all_gather(t: torch.Tensor, world: int, group) -> torch.Tensor:
 
 
 def _all_to_all(send: torch.Tensor, send_splits: List[int], recv_splits: List[int], world: int,
-                group) -> torch.Tensor:
-    """One ``all_to_all_single`` along dim 0 (the identity for one rank)."""
+                group, async_op: bool = False):
+    """One ``all_to_all_single`` along dim 0 (the identity for one rank); ``async_op``: returns
+    ``(recv, work)`` (``work`` None for one rank), the receive buffer filled once ``work.wait()``."""
     if world == 1:
-        return send
+        return (send, None) if async_op else send
     recv = torch.empty((sum(recv_splits),) + tuple(send.shape[1:]), dtype=send.dtype, device=send.device)
-    dist.all_to_all_single(recv, send, recv_splits, send_splits, group=group)
-    return recv
+    work = dist.all_to_all_single(recv, send, recv_splits, send_splits, group=group, async_op=async_op)
+    return (recv, work) if async_op else recv
 
 
 # ---------------------------------------------------------------------- plan of one exchange
@@ -162,36 +163,70 @@ class BalancedBatch:
         c = self.rank_costs
         return float(c.max() / c.mean() - 1.0) if float(c.sum()) > 0 else 0.0
 
-    def restore(self, per_sample: torch.Tensor) -> torch.Tensor:
+    def restore(self, per_sample: torch.Tensor, group=None, *, async_op: bool = False):
         """``per_sample [B', ...]`` (one row per balanced sample, any dtype) -> ``[B, ...]`` on the
         rank the samples came from, in their original order.  Collective: every rank calls it,
         with the same trailing shape and dtype (the row count is checked locally, before the
-        collective: pass the right tensor on every rank)."""
+        collective: pass the right tensor on every rank).  ``group``: the process group (default:
+        the one :meth:`AllToAllBalancer.balance` used; give another one when balance calls run
+        on another thread meanwhile, e.g. ``BatchBuilder``'s balancing one step ahead: a group's
+        collectives must come in the same order on every rank).  ``async_op=True`` returns a
+        :class:`PendingRestore` at once (the exchange runs in the background; its ``wait()``
+        gives the tensor)."""
         ex = self._ex
-        return self._send_back(per_sample, ex.recv_counts, ex.send_counts, ex.send_order, "per_sample")
+        return self._send_back(per_sample, ex.recv_counts, ex.send_counts, ex.send_order, "per_sample",
+                               group, async_op)
 
-    def restore_tokens(self, per_token: torch.Tensor) -> torch.Tensor:
+    def restore_tokens(self, per_token: torch.Tensor, group=None, *, async_op: bool = False):
         """``per_token [T', ...]`` (one row per balanced token of ``lengths``) -> ``[T, ...]`` on
-        the original rank in the original order.  Collective, like :meth:`restore`."""
+        the original rank in the original order.  Collective, like :meth:`restore` (same
+        ``group`` / ``async_op``)."""
         ex = self._ex
         order = torch.from_numpy(token_index(ex.local_lengths[:, 0], ex.order))
-        return self._send_back(per_token, ex.recv_tokens[0], ex.send_tokens[0], order, "per_token")
+        return self._send_back(per_token, ex.recv_tokens[0], ex.send_tokens[0], order, "per_token",
+                               group, async_op)
 
     def _send_back(self, t: torch.Tensor, back: List[int], home: List[int], order: torch.Tensor,
-                   name: str) -> torch.Tensor:
+                   name: str, group, async_op: bool):
         if not isinstance(t, torch.Tensor) or t.dim() < 1 or t.shape[0] != sum(back):
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name}: expected {sum(back)} rows (this rank's balanced batch), got {shape}")
         ex = self._ex
         fld = Field(name, -1, t.dtype, tuple(t.shape[1:]))
         rb = fld.row_bytes
-        got = _all_to_all(to_bytes(t.detach()), [n * rb for n in back], [n * rb for n in home],
-                          ex.world, ex.group)
-        rows = got.view(t.dtype).reshape((sum(home),) + fld.trailing) if rb else \
-            torch.empty((sum(home),) + fld.trailing, dtype=t.dtype, device=t.device)
-        out = torch.empty_like(rows)
-        out.index_copy_(0, order.to(rows.device), rows)
-        return out
+        send = to_bytes(t.detach())
+        got, work = _all_to_all(send, [n * rb for n in back], [n * rb for n in home], ex.world,
+                                ex.group if group is None else group, async_op=True)
+
+        def finish() -> torch.Tensor:
+            rows = got.view(t.dtype).reshape((sum(home),) + fld.trailing) if rb else \
+                torch.empty((sum(home),) + fld.trailing, dtype=t.dtype, device=t.device)
+            out = torch.empty_like(rows)
+            out.index_copy_(0, order.to(rows.device), rows)
+            return out
+
+        pending = PendingRestore(work, finish, send)
+        return pending if async_op else pending.wait()
+
+
+class PendingRestore:
+    """A restore issued with ``async_op=True``: :meth:`wait` blocks until the exchange is done
+    and returns the restored tensor (the same one on every call)."""
+
+    def __init__(self, work, finish, send: torch.Tensor) -> None:
+        self._work, self._finish, self._out = work, finish, None
+        self._send = send  # the send buffer lives until the exchange is done
+
+    def done(self) -> bool:
+        """Whether :meth:`wait` would not block."""
+        return self._out is not None or self._work is None or self._work.is_completed()
+
+    def wait(self) -> torch.Tensor:
+        if self._out is None:
+            if self._work is not None:
+                self._work.wait()
+            self._out, self._send = self._finish(), None
+        return self._out
 
 
 # ---------------------------------------------------------------------- balancer
