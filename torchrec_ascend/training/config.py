@@ -96,6 +96,8 @@ class TrainConfig:
     ``none`` | ``collator`` | ``all_to_all`` (torchrec_ascend.distributed.load_balance);
     prefetch: sample the next step's negatives in a background thread.  threads: intra-op
     threads (0: torch's default).  peak_gemm_size: the GEMM that measures the MFU peak.
+    precision: ``fp32`` | ``bf16`` (autocast mixed precision, fp32 master weights) | ``auto``
+    (bf16 where the device's bf16 GEMM was measured faster, else fp32; :mod:`.precision`).
     """
 
     batch_size: int = 32
@@ -123,6 +125,7 @@ class TrainConfig:
     seed: int = 0
     threads: int = 0
     peak_gemm_size: int = 2048
+    precision: str = "fp32"
 
 
 @dataclass
@@ -323,6 +326,9 @@ def _validate(cfg: ExperimentConfig) -> None:
     if t.step_timeout_s is not None and not t.step_timeout_s > 0:
         raise ConfigError("train.step_timeout_s", f"{t.step_timeout_s} is not > 0 (or null)")
     _one_of("train.balance", t.balance, BALANCE_MODES)
+    from .precision import PRECISIONS
+
+    _one_of("train.precision", t.precision, PRECISIONS)
     if t.early_stopping_patience and not t.eval_every:
         raise ConfigError("train.early_stopping_patience",
                           "needs train.eval_every > 0 (early stopping watches periodic validation)")
