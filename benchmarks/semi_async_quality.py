@@ -20,11 +20,8 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from typing import Dict, List
-
-import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -32,6 +29,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from benchmarks.common import print_table, write_json  # noqa: E402
+from benchmarks.sample_runs import sample_config, sample_split, train_valid  # noqa: E402
 
 MODES = (("sync", 0), ("semi_async", 1), ("semi_async", 2))
 
@@ -45,40 +43,26 @@ def main() -> int:
     steps = args.steps or (100 if args.quick else 400)
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2, 3, 4])
 
-    from examples.kuairand.train import build_config
-    from torchrec_ascend.training import Trainer
-    from torchrec_ascend.training.distributed import init_distributed
-    from torchrec_ascend.training.experiment import prepare_split
-
-    torch.set_num_threads(1)
-    env = init_distributed("cpu")
-    base = build_config("sample", [f"train.steps={steps}", "train.eval_every=0",
-                                   "train.checkpoint_every=0", 'models=["hstu"]'])
-    if not os.path.exists(base.data.files[0]):
-        print(f"skipped: {base.data.files[0]} is absent")
+    got = sample_split(steps)
+    if got is None:
         return 0
-    split = prepare_split(base)
+    env, split = got
     t0 = time.perf_counter()
     rows: List[Dict[str, object]] = []
     ndcg: Dict[str, Dict[str, float]] = {}
     ndcg200: Dict[str, Dict[str, float]] = {}
     for seed in seeds:
         for pipeline, k in MODES:
-            cfg = build_config("sample", [f"train.steps={steps}", "train.eval_every=0",
-                                          "train.checkpoint_every=0", 'models=["hstu"]',
-                                          f"train.seed={seed}", f"train.pipeline={pipeline}",
-                                          f"train.staleness={k}"])
-            tic = time.perf_counter()
-            with tempfile.TemporaryDirectory() as out:
-                res = Trainer(cfg, split, env, out, "hstu", peak_flops=1e9, progress=False,
-                              log=lambda _m: None).fit()
+            cfg = sample_config(steps, [f"train.seed={seed}", f"train.pipeline={pipeline}",
+                                        f"train.staleness={k}"])
+            res = train_valid(cfg, split, env)
             ndcg.setdefault(str(k), {})[str(seed)] = res["valid"]["ndcg@10"]
             ndcg200.setdefault(str(k), {})[str(seed)] = res["valid"]["ndcg@200"]
             rows.append({"seed": seed, "mode": f"{pipeline} k={k}",
                          "valid_ndcg@10": round(res["valid"]["ndcg@10"], 5),
                          "valid_hr@10": round(res["valid"]["hr@10"], 5),
                          "valid_ndcg@200": round(res["valid"]["ndcg@200"], 5),
-                         "seconds": round(time.perf_counter() - tic, 1)})
+                         "seconds": round(res["seconds"], 1)})
             print(rows[-1], flush=True)
     def rel_diff(table: Dict[str, Dict[str, float]]) -> Dict[str, float]:
         return {k: statistics.mean(table[k][s] / table["0"][s] - 1 for s in table[k])
