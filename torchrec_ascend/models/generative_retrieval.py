@@ -17,6 +17,7 @@ first ``embedding_dim``.  Output ``i`` of a sequence is trained to retrieve item
 
 from __future__ import annotations
 
+import contextlib
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -140,7 +141,11 @@ class SequenceHead(nn.Module):
         (in ``item_emb``'s dtype; computed in ``compute_dtype`` under autocast)."""
         x = item_emb[:, :self.embedding_dim]
         mixed = self.compute_dtype != torch.float32
-        with torch.autocast(x.device.type, dtype=self.compute_dtype, enabled=mixed):
+        # no autocast object at all in fp32: its constructor rejects devices without AMP
+        # support (the simulated npu) even when disabled
+        amp = (torch.autocast(x.device.type, dtype=self.compute_dtype) if mixed
+               else contextlib.nullcontext())
+        with amp:
             if self.action_proj is not None:
                 x = x + self.action_proj(action_features(actions))
             out = self.encoder(x, offsets, timestamps)
