@@ -37,7 +37,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -69,27 +68,16 @@ def mode_overrides(mode: str, warmup: int) -> List[str]:
 
 def child(mode: str, seed: int, steps: int, eval_every: int, warmup: int) -> int:
     """One training run; prints its result as one ``RESULT {json}`` line."""
-    import torch
+    from benchmarks.sample_runs import sample_config, sample_split, train_valid
 
-    from examples.kuairand.train import build_config
-    from torchrec_ascend.training import Trainer
-    from torchrec_ascend.training.distributed import init_distributed
-    from torchrec_ascend.training.experiment import prepare_split
-
-    torch.set_num_threads(1)
-    env = init_distributed("cpu")
-    cfg = build_config("sample", [f"train.steps={steps}", f"train.eval_every={eval_every}",
-                                  "train.checkpoint_every=0", 'models=["hstu"]',
-                                  f"train.seed={seed}"] + mode_overrides(mode, warmup))
-    split = prepare_split(cfg)
-    tic = time.perf_counter()
-    with tempfile.TemporaryDirectory() as out:
-        res = Trainer(cfg, split, env, out, "hstu", peak_flops=1e9, progress=False,
-                      log=lambda _m: None).fit()
+    env, split = sample_split(steps)
+    cfg = sample_config(steps, [f"train.eval_every={eval_every}", f"train.seed={seed}"]
+                        + mode_overrides(mode, warmup))
+    res = train_valid(cfg, split, env)
     evals = [{"step": e["step"], "ndcg@10": e["ndcg@10"], "ndcg@200": e["ndcg@200"],
               "hr@10": e["hr@10"]} for e in res["evals"]]
     print(RESULT + json.dumps({"mode": mode, "seed": seed, "valid": res["valid"],
-                               "evals": evals, "seconds": time.perf_counter() - tic}),
+                               "evals": evals, "seconds": res["seconds"]}),
           flush=True)
     return 0
 

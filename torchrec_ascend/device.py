@@ -44,6 +44,7 @@ __all__ = [
     "GEMM_DTYPES",
     "GemmCapability",
     "parse_dtype",
+    "dtype_name",
     "cpu_flags",
     "half_dtypes_with_hardware",
     "measure_gemm_gflops",
@@ -235,12 +236,13 @@ class GemmCapability:
 
     def as_dict(self) -> Dict[str, object]:
         """JSON-friendly form (dtype names as strings)."""
-        return {"device": self.device, "fastest": _dtype_name(self.fastest),
-                "gflops": {_dtype_name(k): round(v, 2) for k, v in self.gflops.items()},
+        return {"device": self.device, "fastest": dtype_name(self.fastest),
+                "gflops": {dtype_name(k): round(v, 2) for k, v in self.gflops.items()},
                 "cpu_flags": list(self.cpu_flags), "reason": self.reason}
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
     return str(dtype).replace("torch.", "")
 
 
@@ -248,7 +250,7 @@ def parse_dtype(name: Union[str, torch.dtype], what: str = "dtype") -> torch.dty
     """``"bf16"`` / ``"bfloat16"`` / ``torch.bfloat16`` (and fp32, fp16) -> a GEMM dtype."""
     if isinstance(name, torch.dtype):
         if name not in GEMM_DTYPES:
-            raise ValueError(f"{what}: {name} is not one of {[_dtype_name(d) for d in GEMM_DTYPES]}")
+            raise ValueError(f"{what}: {name} is not one of {[dtype_name(d) for d in GEMM_DTYPES]}")
         return name
     key = str(name).strip().lower()
     if key not in _DTYPE_NAMES:
@@ -327,8 +329,8 @@ def _capability(kind: str, measure: Callable[..., Dict[torch.dtype, float]]) -> 
         if not candidates:
             reason = "no bf16/fp16 GEMM instructions (no amx/avx512 bf16/fp16 flags): fp32"
         else:
-            rates = ", ".join(f"{_dtype_name(d)} {r:.0f}" for d, r in gflops.items())
-            reason = f"measured GFLOP/s {rates}: {_dtype_name(fastest)}"
+            rates = ", ".join(f"{dtype_name(d)} {r:.0f}" for d, r in gflops.items())
+            reason = f"measured GFLOP/s {rates}: {dtype_name(fastest)}"
         return GemmCapability("cpu", gflops, fastest, found, reason)
     gflops = measure(kind, (torch.float32, torch.bfloat16))
     return GemmCapability(kind, gflops, torch.bfloat16, (), f"{kind}: bf16 tensor/cube units")

@@ -27,6 +27,8 @@ def test_defaults_are_valid_and_dims_pad_to_4():
     assert cfg.model.table_dim == 52 and cfg.model.embedding_dim == 50
     assert make(model={"embedding_dim": 64}).model.table_dim == 64
     assert cfg.train.pipeline == "sparse_dist" and cfg.train.balance == "none"
+    assert cfg.train.precision == "fp32"
+    assert make(train={"precision": "auto"}).train.precision == "auto"
 
 
 @pytest.mark.parametrize("section,values,message", [
@@ -57,6 +59,8 @@ def test_defaults_are_valid_and_dims_pad_to_4():
     ("train", {"step_timeout_s": 0}, "train.step_timeout_s: 0.0 is not > 0"),
     ("train", {"early_stopping_patience": 2}, "train.early_stopping_patience: needs train.eval_every"),
     ("train", {"unknown": 1}, "train.unknown: unknown key"),
+    ("train", {"precision": "fp16"}, "train.precision: 'fp16' is not one of ['auto', 'fp32', 'bf16']"),
+    ("train", {"precision": 16}, "train.precision: 16 is not a string"),
     ("eval", {"metric": "ndcg@7"}, "eval.metric: 'ndcg@7' is not one of"),
     ("data", {"files": []}, "data.files: source 'table' needs at least one file"),
     ("data", {"min_len": 2}, "data.min_len: 2 is not an integer >= 3"),

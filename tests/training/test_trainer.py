@@ -77,7 +77,8 @@ def train_run(out: str, device_type: str = "cpu", kind: str = "hstu", **train) -
             "log": log, "png": os.path.getsize(png) if os.path.exists(png) else 0,
             "versions": _versions(trainer.pipeline),
             "device": str(next(trainer.model.head.parameters()).device.type),
-            "sharding": res["sharding"], "world": env.world_size}
+            "sharding": res["sharding"], "world": env.world_size,
+            "compute_dtype": res["compute_dtype"]}
 
 
 def _worker(rank: int, world: int, out: str, device_type: str, runs: list) -> list:
@@ -108,7 +109,8 @@ def reference(tmp_path_factory):
     """One process on cpu: the runs every other test compares with."""
     return _run(tmp_path_factory.mktemp("ref"), 1,
                 [NO_DROPOUT, DROPOUT, dict(NO_DROPOUT, pipeline="sync"),
-                 dict(NO_DROPOUT, pipeline="semi_async", staleness=1)])
+                 dict(NO_DROPOUT, pipeline="semi_async", staleness=1),
+                 dict(NO_DROPOUT, precision="bf16")])
 
 
 def test_single_process_trains(reference):
@@ -128,6 +130,21 @@ def test_semi_async_staleness_1_reads_stale_tables(reference):
     sync, stale = reference[0]["losses"], reference[3]["losses"]
     assert stale[0] == pytest.approx(sync[0], rel=1e-6)
     assert all(np.isfinite(stale)) and max(abs(a - b) for a, b in zip(sync[1:], stale[1:])) > 1e-3
+
+
+def test_bf16_precision_trains_close_to_fp32(reference):
+    """train.precision=bf16: the run says so in log.jsonl and results; every step's loss is
+    within 1% of the fp32 run's (bf16 keeps ~3 significant digits; fp32 master weights), yet
+    not equal to it (the bf16 path ran); the fp32 run logs fp32."""
+    fp32, bf16 = reference[0], reference[4]
+    assert bf16["compute_dtype"] == "bfloat16" and fp32["compute_dtype"] == "float32"
+    head = [row for row in bf16["log"] if "precision" in row]
+    assert head == [{"step": 0, "precision": "bf16", "compute_dtype": "bfloat16",
+                     "reason": "train.precision=bf16"}]
+    assert [row["compute_dtype"] for row in fp32["log"] if "precision" in row] == ["float32"]
+    np.testing.assert_allclose(bf16["losses"], fp32["losses"], rtol=1e-2)
+    assert max(abs(a - b) for a, b in zip(bf16["losses"], fp32["losses"])) > 1e-6
+    assert 0 < bf16["valid"]["mrr"] <= 1
 
 
 def test_step_records_logged_and_pipeline_png(reference):

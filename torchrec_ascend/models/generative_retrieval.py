@@ -17,6 +17,7 @@ first ``embedding_dim``.  Output ``i`` of a sequence is trained to retrieve item
 
 from __future__ import annotations
 
+import contextlib
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -32,6 +33,7 @@ from .config import ENCODERS, ModelConfig
 from .sasrec import SASRecEncoder
 
 __all__ = ["GenerativeRetrieval", "SequenceHead", "build_encoder", "NUM_ACTIONS", "TABLE",
+           "COMPUTE_DTYPES",
            "action_features", "item_kjt", "init_item_table"]
 
 NUM_ACTIONS = len(ACTION_BITS)   # one byte of action bits per event
@@ -104,25 +106,50 @@ def build_encoder(kind: str, cfg: ModelConfig) -> nn.Module:
     raise ValueError(f"encoder: {kind!r} is not one of {list(ENCODERS)}")
 
 
-class SequenceHead(nn.Module):
-    """Everything after the embedding lookup: actions projection, encoder, sampled softmax."""
+COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
 
-    def __init__(self, cfg: ModelConfig, encoder: str = "hstu", temperature: float = 0.05) -> None:
+
+class SequenceHead(nn.Module):
+    """Everything after the embedding lookup: actions projection, encoder, sampled softmax.
+
+    ``compute_dtype``: ``torch.float32``, or ``torch.bfloat16`` for mixed precision: the encoder
+    runs under ``torch.autocast(dtype=bfloat16)`` (its matmuls and the HSTU attention kernel in
+    bf16; parameters, LayerNorms, the output L2 norm stay fp32) and the sampled softmax computes
+    its shared-pool logit GEMM from bf16 rows with fp32 output (``half_precision="bf16"``),
+    logsumexp and loss in fp32.  Parameters (master weights) and gradients are fp32 either way.
+    """
+
+    def __init__(self, cfg: ModelConfig, encoder: str = "hstu", temperature: float = 0.05,
+                 compute_dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
+        if compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype: {compute_dtype} is not one of "
+                             f"{[str(d) for d in COMPUTE_DTYPES]}")
         self.cfg, self.kind = cfg, encoder
         self.embedding_dim = cfg.embedding_dim
+        self.compute_dtype = compute_dtype
         self.action_proj = (nn.Linear(NUM_ACTIONS, cfg.embedding_dim, bias=False)
                             if cfg.use_actions else None)
         self.encoder = build_encoder(encoder, cfg)
-        self.loss_fn = SampledSoftmaxLoss(temperature=temperature, reduction="sum")
+        half = "bf16" if compute_dtype == torch.bfloat16 else None
+        self.loss_fn = SampledSoftmaxLoss(temperature=temperature, reduction="sum",
+                                          half_precision=half, half_compute="half")
 
     def encode(self, item_emb: torch.Tensor, offsets: torch.Tensor, timestamps: torch.Tensor,
                actions: torch.Tensor) -> torch.Tensor:
-        """Item embeddings ``[T, D]`` (+ actions) -> unit-norm sequence embeddings ``[T, D]``."""
+        """Item embeddings ``[T, D]`` (+ actions) -> unit-norm sequence embeddings ``[T, D]``
+        (in ``item_emb``'s dtype; computed in ``compute_dtype`` under autocast)."""
         x = item_emb[:, :self.embedding_dim]
-        if self.action_proj is not None:
-            x = x + self.action_proj(action_features(actions))
-        return self.encoder(x, offsets, timestamps)
+        mixed = self.compute_dtype != torch.float32
+        # no autocast object at all in fp32: its constructor rejects devices without AMP
+        # support (the simulated npu) even when disabled
+        amp = (torch.autocast(x.device.type, dtype=self.compute_dtype) if mixed
+               else contextlib.nullcontext())
+        with amp:
+            if self.action_proj is not None:
+                x = x + self.action_proj(action_features(actions))
+            out = self.encoder(x, offsets, timestamps)
+        return out.to(item_emb.dtype) if mixed else out
 
     def forward(self, lookups: Dict[str, object], batch: SequenceBatch
                 ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
@@ -162,10 +189,13 @@ class GenerativeRetrieval(nn.Module):
         temperature: of the sampled softmax.
         device: where the table is created (``meta``: DistributedModelParallel materialises
             the shards on the training device).
+        compute_dtype: ``torch.float32`` or ``torch.bfloat16`` (mixed precision of the dense
+            head, :class:`SequenceHead`); the table stays fp32.
     """
 
     def __init__(self, num_items: int, cfg: ModelConfig, encoder: str = "hstu",
-                 temperature: float = 0.05, device: torch.device = torch.device("meta")) -> None:
+                 temperature: float = 0.05, device: torch.device = torch.device("meta"),
+                 compute_dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         if num_items < 1:
             raise ValueError(f"num_items: must be >= 1, got {num_items}")
@@ -174,7 +204,7 @@ class GenerativeRetrieval(nn.Module):
             tables=[EmbeddingConfig(name=TABLE, embedding_dim=cfg.table_dim,
                                     num_embeddings=num_items, feature_names=["item", "neg"])],
             device=device)
-        self.head = SequenceHead(cfg, encoder, temperature)
+        self.head = SequenceHead(cfg, encoder, temperature, compute_dtype)
 
     def forward(self, batch: SequenceBatch):
         """Training loss of one batch: ``(loss, (loss.detach(), stats))``

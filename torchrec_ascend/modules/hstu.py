@@ -68,6 +68,13 @@ __all__ = [
 ]
 
 _EPS = 1e-6
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _layer_norm(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Affine-free LayerNorm over the last ``dim`` columns, computed (and returned) in fp32 for
+    half inputs (under autocast the matmuls run in bf16; the norms stay fp32)."""
+    return F.layer_norm(x.float() if x.dtype in _HALF else x, (dim,), eps=_EPS)
 
 
 def _unpack(values: object, offsets: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -129,11 +136,18 @@ class RelativeBias(nn.Module):
     def use_time_bias(self) -> bool:
         return self.ts_w is not None
 
-    def attention_kwargs(self, timestamps: Optional[torch.Tensor]) -> Dict[str, Optional[torch.Tensor]]:
-        """Keyword arguments of :func:`~torchrec_ascend.ops.hstu.hstu_mha` for this bias."""
+    def attention_kwargs(self, timestamps: Optional[torch.Tensor],
+                         dtype: Optional[torch.dtype] = None) -> Dict[str, Optional[torch.Tensor]]:
+        """Keyword arguments of :func:`~torchrec_ascend.ops.hstu.hstu_mha` for this bias; the
+        tables in ``dtype`` (the attention inputs' dtype, e.g. bf16 under autocast; the cast is
+        differentiable, so the fp32 tables get fp32 gradients)."""
         if self.ts_w is not None and timestamps is None:
             raise ValueError("timestamps: required when the time bias is enabled (use_time_bias=True)")
-        return {"pos_w": self.pos_w, "ts_w": self.ts_w,
+        pos_w, ts_w = self.pos_w, self.ts_w
+        if dtype is not None:
+            pos_w = pos_w.to(dtype)
+            ts_w = ts_w.to(dtype) if ts_w is not None else None
+        return {"pos_w": pos_w, "ts_w": ts_w,
                 "timestamps": timestamps if self.ts_w is not None else None}
 
 
@@ -211,16 +225,17 @@ class HSTUBlock(nn.Module):
             raise ValueError(f"x: expected [T, {self.embedding_dim}], got {tuple(x.shape)}")
         T, H = x.shape[0], self.num_heads
         dv, dqk = self.linear_dim, self.attention_dim
-        h = F.silu(F.layer_norm(x, (self.embedding_dim,), eps=_EPS) @ self.uvqk)
+        h = F.silu(_layer_norm(x, self.embedding_dim) @ self.uvqk)
         u, v, q, k = torch.split(h, [H * dv, H * dv, H * dqk, H * dqk], dim=1)
-        bias = self.relative_bias.attention_kwargs(timestamps) if self.relative_bias is not None else {}
+        bias = (self.relative_bias.attention_kwargs(timestamps, h.dtype)
+                if self.relative_bias is not None else {})
         attn = hstu_ops.hstu_mha(
             q.reshape(T, H, dqk), k.reshape(T, H, dqk), v.reshape(T, H, dv), offsets,
             max_seq_len=self.max_seq_len, alpha=self.alpha, normalization=self.normalization,
             num_targets=num_targets, contextual_seq_len=self.contextual_seq_len,
             validate=validate, **bias,
         ).reshape(T, H * dv)
-        a = F.layer_norm(attn, (H * dv,), eps=_EPS)
+        a = _layer_norm(attn, H * dv)
         return self.output(self.dropout(u * a)) + x
 
 

@@ -101,6 +101,8 @@ class TrainConfig:
     trains (off the critical path, but it shares the GIL and the core: measured slower end to end
     on a 2-core CPU host, docs/load_balance.md).  threads: intra-op
     threads (0: torch's default).  peak_gemm_size: the GEMM that measures the MFU peak.
+    precision: ``fp32`` | ``bf16`` (autocast mixed precision, fp32 master weights) | ``auto``
+    (bf16 where the device's bf16 GEMM was measured faster, else fp32; :mod:`.precision`).
     """
 
     batch_size: int = 32
@@ -130,6 +132,7 @@ class TrainConfig:
     seed: int = 0
     threads: int = 0
     peak_gemm_size: int = 2048
+    precision: str = "fp32"
 
 
 @dataclass
@@ -337,6 +340,9 @@ def _validate(cfg: ExperimentConfig) -> None:
     _one_of("train.balance", t.balance, BALANCE_MODES)
     if t.balance_ahead and t.balance != "all_to_all":
         raise ConfigError("train.balance_ahead", f"needs train.balance='all_to_all' (got {t.balance!r})")
+    from .precision import PRECISIONS
+
+    _one_of("train.precision", t.precision, PRECISIONS)
     if t.early_stopping_patience and not t.eval_every:
         raise ConfigError("train.early_stopping_patience",
                           "needs train.eval_every > 0 (early stopping watches periodic validation)")

@@ -3,7 +3,8 @@ trained and evaluated -> ``<out>/results.json`` + ``<out>/training.png``.
 
 ``results.json``::
 
-    {"config": name, "world_size": W, "peak_gflops": per-rank peak, "seconds": wall time,
+    {"config": name, "world_size": W, "peak_gflops": per-rank peak (GEMM of the compute dtype),
+     "precision": {"requested", "compute_dtype", "reason"}, "seconds": wall time,
      "data": {"users", "items", "train_events"},
      "models": {"hstu": {"valid": {metrics}, "test": {metrics}, "tokens_per_s": x, "mfu": x,
                          "steps", "stopped_early", "best_valid", "evals": [...]}, ...},
@@ -23,10 +24,12 @@ from typing import Any, Callable, Dict, Optional
 import torch
 import torch.distributed as dist
 
+from ..device import dtype_name
 from ..metrics import device_peak_flops
 from .config import ExperimentConfig
 from .distributed import DistEnv, init_distributed
 from .evaluator import Evaluator, eval_users
+from .precision import resolve_precision
 from .recorder import plot
 from .sources import load_sequences
 from .split import Split, leave_two_out
@@ -40,8 +43,8 @@ def prepare_split(cfg: ExperimentConfig, progress: bool = False) -> Split:
     return leave_two_out(load_sequences(cfg.data, progress=progress))
 
 
-def _peak(env: DistEnv, gemm_size: int) -> float:
-    local = device_peak_flops(env.device, gemm_size=gemm_size)
+def _peak(env: DistEnv, gemm_size: int, dtype: torch.dtype = torch.float32) -> float:
+    local = device_peak_flops(env.device, dtype=dtype, gemm_size=gemm_size)
     v = torch.tensor([local], dtype=torch.float64)
     if env.world_size > 1:
         dist.all_reduce(v)
@@ -66,8 +69,10 @@ def run_experiment(cfg: ExperimentConfig, out: str, resume: bool = False, progre
         f"training events (prefix length mean {lens.mean():.1f}, max {lens.max()}); "
         f"leave-two-out: validation = second-to-last, test = last item "
         f"({time.perf_counter() - t0:.1f}s)")
-    peak = _peak(env, cfg.train.peak_gemm_size)
-    say(f"device {env.device}, peak (measured GEMM) {peak / 1e9:.1f} GFLOP/s per rank, "
+    compute_dtype, why = resolve_precision(cfg.train.precision, env.device)
+    peak = _peak(env, cfg.train.peak_gemm_size, compute_dtype)
+    say(f"device {env.device}, compute dtype {dtype_name(compute_dtype)} ({why}), peak "
+        f"(measured {dtype_name(compute_dtype)} GEMM) {peak / 1e9:.1f} GFLOP/s per rank, "
         f"{env.world_size} rank(s)")
     ev = Evaluator(split, cfg.model.max_seq_len, cfg.eval.ks, cfg.eval.batch_size)
     users = eval_users(split.num_users, env.rank, env.world_size)
@@ -86,6 +91,8 @@ def run_experiment(cfg: ExperimentConfig, out: str, resume: bool = False, progre
         results[kind] = trainer.fit()
     summary: Dict[str, Any] = {
         "config": cfg.name, "world_size": env.world_size, "peak_gflops": peak / 1e9,
+        "precision": {"requested": cfg.train.precision, "compute_dtype": dtype_name(compute_dtype),
+                      "reason": why},
         "data": {"users": split.num_users, "items": split.num_items,
                  "train_events": int(len(split.items))},
         "models": results, "baselines": baselines,

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..device import dtype_name
 from ..models import TABLE, GenerativeRetrieval
 from ..models.generative_retrieval import init_item_table
 from ..sampling import make_sampler
@@ -45,6 +46,7 @@ from .config import ExperimentConfig
 from .distributed import DistEnv
 from .evaluator import Evaluator, eval_users
 from .pipelines import draw_pipeline_png, make_pipeline, step_row, wrap_model
+from .precision import resolve_precision
 from .recorder import Recorder
 from .split import Split
 
@@ -145,9 +147,11 @@ class Trainer:
         from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
         t, env = self.cfg.train, self.env
+        self.compute_dtype, self.precision_reason = resolve_precision(t.precision, env.device)
         torch.manual_seed(t.seed)
         model = GenerativeRetrieval(self.split.num_items, self.cfg.model, self.kind,
-                                    t.temperature, device=torch.device("meta"))
+                                    t.temperature, device=torch.device("meta"),
+                                    compute_dtype=self.compute_dtype)
         apply_optimizer_in_backward(RowWiseAdagrad, model.ec.parameters(),
                                     {"lr": t.sparse_lr, "eps": 1e-8})
         n_dense = sum(p.numel() for p in model.head.parameters())
@@ -256,6 +260,8 @@ class Trainer:
                 self.say(f"[{self.kind}] resumed from {last} at step {start}")
         self.histories[self.kind] = history
         rec = Recorder(self.out, self.kind, self.env.rank == 0, fresh=start == 0)
+        rec.log({"step": start, "precision": t.precision,
+                 "compute_dtype": dtype_name(self.compute_dtype), "reason": self.precision_reason})
         bar = None
         if self.progress and self.env.rank == 0:
             from tqdm import tqdm
@@ -330,6 +336,7 @@ class Trainer:
                 "best_valid": {"step": stop_state["best_step"], e.metric: stop_state["best"]},
                 "restored_step": restored,
                 "evals": history["eval"], "sharding": self.sharding_type,
+                "compute_dtype": dtype_name(self.compute_dtype),
                 "world_size": self.env.world_size}
 
     def _log_perf(self, win: np.ndarray, step: int, history: Dict[str, list], rec: Recorder,

@@ -1,0 +1,54 @@
+"""Quality checks on the shared KuaiRand-27K sample: the KuaiRand example's ``sample`` config
+(HSTU only, no periodic evaluation or checkpoints), trained by
+:class:`torchrec_ascend.training.Trainer` in this process, final validation on every user.
+Used by ``semi_async_quality.py`` and ``precision_quality.py``."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from typing import Any, Dict, Optional, Sequence
+
+import torch
+
+__all__ = ["sample_config", "sample_split", "train_valid"]
+
+
+def sample_config(steps: int, overrides: Sequence[str] = ()):
+    """The ``sample`` config for ``steps`` steps, HSTU only, plus ``overrides``."""
+    from examples.kuairand.train import build_config
+
+    return build_config("sample", [f"train.steps={steps}", "train.eval_every=0",
+                                   "train.checkpoint_every=0", 'models=["hstu"]', *overrides])
+
+
+def sample_split(steps: int):
+    """``(env, split)`` for the sample (one thread, a size-1 process group), or ``None`` when
+    the sample's file is absent."""
+    from torchrec_ascend.training.distributed import init_distributed
+    from torchrec_ascend.training.experiment import prepare_split
+
+    torch.set_num_threads(1)
+    base = sample_config(steps)
+    if not os.path.exists(base.data.files[0]):
+        print(f"skipped: {base.data.files[0]} is absent")
+        return None
+    return init_distributed("cpu"), prepare_split(base)
+
+
+def train_valid(cfg, split, env, peak_flops: float = 1e9) -> Dict[str, Any]:
+    """Train ``cfg``'s HSTU on ``split``; the trainer's result plus ``seconds``."""
+    from torchrec_ascend.training import Trainer
+
+    tic = time.perf_counter()
+    with tempfile.TemporaryDirectory() as out:
+        res = Trainer(cfg, split, env, out, "hstu", peak_flops=peak_flops, progress=False,
+                      log=lambda _m: None).fit()
+    res["seconds"] = time.perf_counter() - tic
+    return res
+
+
+def rel(a: float, b: Optional[float]) -> Optional[float]:
+    """``a / b - 1`` (None where b is 0 or None)."""
+    return a / b - 1 if b else None
