@@ -5,8 +5,8 @@
 
 The file holds ``runs`` (label -> ``{"command", "results"}``, ``results`` being a trainer
 ``results.json``) and optionally ``published`` (label -> ``{"source", "test": {metric: value}}``).
-Printed: one row per run x model x split (valid, test) and per most-popular baseline, then the
-published rows, then each run's HSTU test metric relative to each published row that has it.
+Printed: one row per run x model x split (valid, test) and per most-popular baseline (once where
+runs share it), then the published rows, then each run's HSTU test metric relative to each published row that has it.
 """
 
 from __future__ import annotations
@@ -32,15 +32,19 @@ def result_rows(doc: Dict[str, Any]) -> List[str]:
     """Rows of every run (models then baselines, valid then test) and of the published numbers."""
     head = ["run", "model", "split"] + [m.upper() for m in METRICS] + ["tokens/s", "epochs"]
     out = [_row(head), _row(["---"] * len(head))]
+    seen = []  # a baseline identical to one printed already (same split, same data) is not repeated
     for label, run in doc["runs"].items():
         res = run["results"]
-        epochs = res["config"]["train"].get("epochs")
+        epochs = res["config_values"]["train"].get("epochs")
         for model, r in res["models"].items():
             for split in ("valid", "test"):
                 out.append(_row([label, NAMES.get(model, model), split] + _cells(r[split])
                                 + [f"{r['tokens_per_s']:,.0f}",
                                    f"{epochs:g}" if epochs is not None else ""]))
         for name, r in res.get("baselines", {}).items():
+            if (name, r) in seen:
+                continue
+            seen.append((name, r))
             for split in ("valid", "test"):
                 out.append(_row([label, NAMES.get(name, name), split] + _cells(r[split])
                                 + ["", ""]))
@@ -57,6 +61,7 @@ def ratio_rows(doc: Dict[str, Any], model: str = "hstu") -> List[str]:
         return []
     head = ["run", "vs"] + [m.upper() for m in METRICS]
     out = [_row(head), _row(["---"] * len(head))]
+    seen = []  # a baseline identical to one printed already (same split, same data) is not repeated
     for label, run in doc["runs"].items():
         ours = run["results"]["models"].get(model)
         if ours is None:
