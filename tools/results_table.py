@@ -4,9 +4,10 @@
     python tools/results_table.py docs/results/movielens-1m.json
 
 The file holds ``runs`` (label -> ``{"command", "results"}``, ``results`` being a trainer
-``results.json``) and optionally ``published`` (label -> ``{"source", "test": {metric: value}}``).
-Printed: one row per run x model x split (valid, test) and per most-popular baseline (once where
-runs share it), then the published rows, then each run's HSTU test metric relative to each published row that has it.
+``results.json``) and optionally ``published`` (label -> ``{"source", "test": {metric: value}}``);
+a model without ``test`` (a periodic validation) prints its validation row only.  Printed: one
+row per run x model x split (valid, test) and per most-popular baseline (once where runs share
+it), then the published rows, then each run's HSTU test metrics relative to each published row.
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ def result_rows(doc: Dict[str, Any]) -> List[str]:
         epochs = res["config_values"]["train"].get("epochs")
         for model, r in res["models"].items():
             for split in ("valid", "test"):
+                if split not in r:  # a periodic validation has no test
+                    continue
+                tokens = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else ""
                 out.append(_row([label, NAMES.get(model, model), split] + _cells(r[split])
-                                + [f"{r['tokens_per_s']:,.0f}",
-                                   f"{epochs:g}" if epochs is not None else ""]))
+                                + [tokens, f"{epochs:g}" if epochs is not None else ""]))
         for name, r in res.get("baselines", {}).items():
             if (name, r) in seen:
                 continue
@@ -64,7 +67,7 @@ def ratio_rows(doc: Dict[str, Any], model: str = "hstu") -> List[str]:
     seen = []  # a baseline identical to one printed already (same split, same data) is not repeated
     for label, run in doc["runs"].items():
         ours = run["results"]["models"].get(model)
-        if ours is None:
+        if ours is None or "test" not in ours:
             continue
         for plabel, pub in pubs.items():
             cells = [f"{ours['test'][m] / pub['test'][m] - 1:+.1%}"
