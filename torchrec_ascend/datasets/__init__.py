@@ -24,6 +24,7 @@ from .reader import (
     read_user_features,
     read_video_features,
 )
+from .movielens import RATINGS_COLUMNS, convert_ratings
 from .schema import ACTION_BITS, PositiveRule, action_mask
 from .synthetic import SyntheticConfig, generate
 from .synthetic_events import generate_events_table
@@ -34,5 +35,6 @@ __all__ = [
     "PreprocessStats", "Sequences", "SyntheticConfig", "action_mask", "build_cache",
     "detect_format", "generate", "iter_log_chunks", "load_kuairand", "peak_rss_mb",
     "preprocess", "read_user_features", "read_video_features", "TableSource", "TableSpec",
-    "generate_events_table", "load_table_sequences", "preprocess_table",
+    "generate_events_table", "load_table_sequences", "preprocess_table", "RATINGS_COLUMNS",
+    "convert_ratings",
 ]
