@@ -100,6 +100,13 @@ inline acc sum_sq(const acc* x, int64_t D) {
   }
 }
 
+// w[d] = a * w[d] - b * g[d]: the SGD and RowWiseAdagrad weight update, fp32 with AVX-512 and
+// AVX2/FMA clones (the lambdas of fused_backward are built for the baseline ISA: SSE).
+__attribute__((target_clones("avx512f", "arch=haswell", "default")))
+void scale_sub_f32(float* __restrict w, const float* __restrict g, float a, float b, int64_t D) {
+  for (int64_t d = 0; d < D; ++d) w[d] = a * w[d] - b * g[d];
+}
+
 constexpr int64_t kAhead = 8;  // rows prefetched ahead of the one being summed
 
 // Ask for a row ahead of its use (rows are random: the hardware prefetcher cannot guess them).
@@ -354,10 +361,14 @@ at::Tensor nobag(const at::Tensor& weights_in, const at::Tensor& weights_offsets
 
 // ------------------------------------------------------------------ backward: distinct rows
 
-// A looked-up row at a position of `indices`; key: the row's flat start in the weights.
+// A looked-up row at a position of `indices`; key: the row's flat start in the weights; bag: the
+// bag t * B + b holding the position.  Carrying the bag in the hit keeps the per-hit work of the
+// backward sequential: looking it up by position was a cache miss per hit (positions are in
+// random order once sorted by row).
 struct Hit {
   int64_t key;
-  int64_t pos;
+  int32_t pos;
+  int32_t bag;
 };
 
 // Stable LSD radix sort by key (0 <= key <= max_key): positions stay ascending within a row, so
@@ -417,34 +428,36 @@ Lookup describe(const at::Tensor& weights_offsets, const at::Tensor& D_offsets, 
   return L;
 }
 
-// The distinct rows a lookup touched: row u is hits[seg[u] .. seg[u + 1]), sorted by key;
-// bag[p]: the bag t * B + b of position p (-1: in no bag).
+// The distinct rows a lookup touched: row u is hits[seg[u] .. seg[u + 1]), sorted by key.
 struct Rows {
   std::vector<Hit> hits;
   std::vector<int64_t> seg;
-  std::vector<int32_t> bag;
 };
 
 template <typename index_t>
 Rows group_rows(const Lookup& L, const index_t* ip, int64_t weights_numel) {
   Rows r;
   const int64_t TB = L.T * L.B;
-  r.bag.assign(L.N, -1);
-  r.hits.reserve(TB > 0 ? L.offs[TB] - L.offs[0] : 0);
+  const int64_t n = TB > 0 ? L.offs[TB] - L.offs[0] : 0;
+  // positions and bags are stored in 32 bits (as fbgemm's CPU backward stores them)
+  TORCH_CHECK_VALUE(L.N < (int64_t(1) << 31), "indices: the backward takes at most 2^31 - 1 "
+                    "indices, got ", L.N);
+  r.hits.resize(n);
+  Hit* hp = r.hits.data();
   for (int64_t k = 0; k < TB; ++k) {
-    const int64_t t = k / L.B, D = L.dims[t];
+    const int64_t t = k / L.B, D = L.dims[t], base = L.w_off[t];
     for (int64_t p = L.offs[k]; p < L.offs[k + 1]; ++p) {
-      const int64_t start = L.w_off[t] + static_cast<int64_t>(ip[p]) * D;
+      const int64_t start = base + static_cast<int64_t>(ip[p]) * D;
       check_row(start, D, weights_numel, p, ip[p]);
-      r.bag[p] = static_cast<int32_t>(k);
-      r.hits.push_back({start, p});
+      *hp++ = {start, static_cast<int32_t>(p), static_cast<int32_t>(k)};
     }
   }
   radix_sort(r.hits, weights_numel);
-  for (int64_t j = 0; j < static_cast<int64_t>(r.hits.size()); ++j) {
+  r.seg.reserve(n + 1);
+  for (int64_t j = 0; j < n; ++j) {
     if (j == 0 || r.hits[j].key != r.hits[j - 1].key) r.seg.push_back(j);
   }
-  r.seg.push_back(static_cast<int64_t>(r.hits.size()));
+  r.seg.push_back(n);
   return r;
 }
 
@@ -455,30 +468,83 @@ constexpr int64_t kRowsAhead = 4;  // distinct rows whose weights / states are p
 // update(start, t, idx, D, g) with t a feature owning the row and idx its local row id;
 // ahead(start, t, idx, D) is called for the row kRowsAhead further on (to prefetch what update
 // will touch there).
-template <typename acc, typename index_t, typename Update, typename Ahead>
-void for_each_row(const Lookup& L, const Rows& r, const index_t* ip, const acc* grad, int64_t stride,
-                  const acc* iw, Update&& update, Ahead&& ahead) {
+template <typename acc, typename Update, typename Ahead>
+void for_each_row(const Lookup& L, const Rows& r, const acc* grad, int64_t stride, const acc* iw,
+                  Update&& update, Ahead&& ahead) {
   const int64_t U = static_cast<int64_t>(r.seg.size()) - 1;
+  const int64_t TB = L.T * L.B;
+  const bool mean = L.pooling_mode == kPoolMean;
+  // per bag: where its slice of the output gradient starts (pooled) and its length (MEAN)
+  std::vector<int64_t> goff(L.nobag ? 0 : TB);
+  std::vector<acc> blen(mean ? TB : 0);
+  for (int64_t k = 0; k < static_cast<int64_t>(goff.size()); ++k) {
+    goff[k] = (k % L.B) * stride + L.d_begin[k / L.B];
+  }
+  for (int64_t k = 0; k < static_cast<int64_t>(blen.size()); ++k) {
+    blen[k] = static_cast<acc>(L.offs[k + 1] - L.offs[k]);
+  }
+  const Hit* hits = r.hits.data();
+  const int64_t* seg = r.seg.data();
+  // the feature owning a row, and the row's id inside its table (from the key: no index read)
+  auto owner = [&](const Hit& h, int64_t* t, int64_t* idx) {
+    *t = h.bag / L.B;
+    *idx = (h.key - L.w_off[*t]) / L.dims[*t];
+  };
   const int64_t work = static_cast<int64_t>(r.hits.size()) * L.max_D * 3;
+  // the output gradient's slice and factor of hit j
+  auto src_of = [&](const Hit& h) {
+    return L.nobag ? grad + static_cast<int64_t>(h.pos) * stride : grad + goff[h.bag];
+  };
+  auto factor_of = [&](const Hit& h) {
+    acc s = iw ? iw[h.pos] : acc(1);
+    if (mean) s = s / blen[h.bag];
+    return s;
+  };
+  constexpr bool kF32 = std::is_same_v<acc, float>;
   parallel_over(U, work, [&](int64_t u0, int64_t u1) {
     std::vector<acc> g(L.max_D);
+    // fp32 on AVX2 / AVX-512: the chunk's gradient slices and factors first, then each row's sum
+    // by the forward's blocked pooling kernels (which prefetch the slices of the hits ahead,
+    // across rows); reused buffers: no page faults per call
+    thread_local std::vector<const float*> srcs;
+    thread_local std::vector<float> facs;
+    const bool blocked = kF32 && kHaveAvx2;
+    const bool scaled = iw != nullptr || mean;
+    const int64_t j0 = seg[u0], nj = seg[u1] - seg[u0];
+    if (blocked) {
+      srcs.resize(nj);
+      if (scaled) facs.resize(nj);
+      for (int64_t j = 0; j < nj; ++j) {
+        srcs[j] = reinterpret_cast<const float*>(src_of(hits[j0 + j]));
+        if (scaled) facs[j] = static_cast<float>(factor_of(hits[j0 + j]));
+      }
+    }
     for (int64_t u = u0; u < u1; ++u) {
       if (u + kRowsAhead < u1) {
-        const Hit& h = r.hits[r.seg[u + kRowsAhead]];
-        const int64_t t = r.bag[h.pos] / L.B;
-        ahead(h.key, t, static_cast<int64_t>(ip[h.pos]), L.dims[t]);
+        const Hit& h = hits[seg[u + kRowsAhead]];
+        int64_t t, idx;
+        owner(h, &t, &idx);
+        ahead(h.key, t, idx, L.dims[t]);
       }
-      const int64_t first = r.hits[r.seg[u]].pos;
-      const int64_t t0 = r.bag[first] / L.B, D = L.dims[t0];
+      int64_t t0, idx0;
+      owner(hits[seg[u]], &t0, &idx0);
+      const int64_t D = L.dims[t0];
       std::fill(g.begin(), g.begin() + D, acc(0));
-      for (int64_t j = r.seg[u]; j < r.seg[u + 1]; ++j) {
-        const int64_t p = r.hits[j].pos, k = r.bag[p];
-        const acc* src = L.nobag ? grad + p * stride : grad + (k % L.B) * stride + L.d_begin[k / L.B];
-        acc s = iw ? iw[p] : acc(1);
-        if (L.pooling_mode == kPoolMean) s = s / static_cast<acc>(L.offs[k + 1] - L.offs[k]);
-        axpy<acc, acc>(g.data(), src, s, D);
+      if (blocked) {
+        const int64_t first = seg[u] - j0, n = seg[u + 1] - seg[u];
+        float* gf = reinterpret_cast<float*>(g.data());
+        const float* sf = scaled ? facs.data() + first : nullptr;
+        if (kHaveAvx512) {
+          pool_f32_avx512(gf, srcs.data() + first, sf, n, nj - first, D);
+        } else {
+          pool_f32_avx2(gf, srcs.data() + first, sf, n, nj - first, D);
+        }
+      } else {
+        for (int64_t j = seg[u]; j < seg[u + 1]; ++j) {
+          axpy<acc, acc>(g.data(), src_of(hits[j]), factor_of(hits[j]), D);
+        }
       }
-      update(r.hits[r.seg[u]].key, t0, static_cast<int64_t>(ip[first]), D, g.data());
+      update(hits[seg[u]].key, t0, idx0, D, g.data());
     }
   });
 }
@@ -565,16 +631,20 @@ void fused_backward(Opt opt, const at::Tensor& grad_in, const at::Tensor& weight
       const int64_t wn = weights.numel();
       switch (opt) {
         case Opt::kSgd:
-          for_each_row(L, rows, ip, gp, stride, iwp, [&](int64_t start, int64_t, int64_t, int64_t D, const acc* g) {
+          for_each_row(L, rows, gp, stride, iwp, [&](int64_t start, int64_t, int64_t, int64_t D, const acc* g) {
             scalar_t* w = wp + start;
-            for (int64_t d = 0; d < D; ++d) w[d] = static_cast<scalar_t>(static_cast<acc>(w[d]) - lr * g[d]);
+            if constexpr (std::is_same_v<scalar_t, float>) {
+              scale_sub_f32(reinterpret_cast<float*>(w), reinterpret_cast<const float*>(g), 1.0f, static_cast<float>(lr), D);
+            } else {
+              for (int64_t d = 0; d < D; ++d) w[d] = static_cast<scalar_t>(static_cast<acc>(w[d]) - lr * g[d]);
+            }
           }, [&](int64_t start, int64_t, int64_t, int64_t D) {
             if (start + D <= wn) prefetch_row(wp + start, D);
           });
           break;
         case Opt::kAdagrad: {
           acc* mp = states[0].work.data_ptr<acc>();
-          for_each_row(L, rows, ip, gp, stride, iwp, [&](int64_t start, int64_t t, int64_t idx, int64_t D, const acc* g) {
+          for_each_row(L, rows, gp, stride, iwp, [&](int64_t start, int64_t t, int64_t idx, int64_t D, const acc* g) {
             scalar_t* w = wp + start;
             acc* m = state_row(states[0], mp, t, idx * D, D, 1);
             for (int64_t d = 0; d < D; ++d) {
@@ -591,7 +661,7 @@ void fused_backward(Opt opt, const at::Tensor& grad_in, const at::Tensor& weight
           acc* mp = states[0].work.data_ptr<acc>();
           const int64_t mode = h.weight_decay_mode;
           const acc max_norm = static_cast<acc>(h.max_norm);
-          for_each_row(L, rows, ip, gp, stride, iwp, [&](int64_t start, int64_t t, int64_t idx, int64_t D, const acc* g) {
+          for_each_row(L, rows, gp, stride, iwp, [&](int64_t start, int64_t t, int64_t idx, int64_t D, const acc* g) {
             scalar_t* w = wp + start;
             acc* m = state_row(states[0], mp, t, idx, 1, 1);
             acc sq = 0;
@@ -617,6 +687,12 @@ void fused_backward(Opt opt, const at::Tensor& grad_in, const at::Tensor& weight
               norm = std::sqrt(norm);
               if (norm > max_norm) scale = max_norm / norm;
             }
+            if constexpr (std::is_same_v<scalar_t, float>) {
+              if (max_norm <= 0) {  // scale == 1
+                scale_sub_f32(reinterpret_cast<float*>(w), reinterpret_cast<const float*>(g), static_cast<float>(corr), static_cast<float>(mult), D);
+                return;
+              }
+            }
             for (int64_t d = 0; d < D; ++d) {
               w[d] = static_cast<scalar_t>((corr * static_cast<acc>(w[d]) - mult * g[d]) * scale);
             }
@@ -632,7 +708,7 @@ void fused_backward(Opt opt, const at::Tensor& grad_in, const at::Tensor& weight
           const acc b1 = static_cast<acc>(h.beta1), b2 = static_cast<acc>(h.beta2);
           const acc c1 = static_cast<acc>(1.0 - std::pow(h.beta1, static_cast<double>(h.iter)));
           const acc c2 = static_cast<acc>(1.0 - std::pow(h.beta2, static_cast<double>(h.iter)));
-          for_each_row(L, rows, ip, gp, stride, iwp, [&](int64_t start, int64_t t, int64_t idx, int64_t D, const acc* g) {
+          for_each_row(L, rows, gp, stride, iwp, [&](int64_t start, int64_t t, int64_t idx, int64_t D, const acc* g) {
             scalar_t* w = wp + start;
             acc* m1 = state_row(states[0], m1p, t, idx * D, D, 1);
             acc* m2 = state_row(states[1], m2p, t, idx * D, D, 2);
@@ -743,7 +819,7 @@ std::tuple<at::Tensor, at::Tensor> dense_backward(const at::Tensor& grad_in, con
     AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "dense_backward_idx", [&] {
       const index_t* ip = indices.data_ptr<index_t>();
       const Rows rows = group_rows(L, ip, w.numel());
-      for_each_row(L, rows, ip, grad.data_ptr<acc>(), stride, iwp,
+      for_each_row(L, rows, grad.data_ptr<acc>(), stride, iwp,
                    [&](int64_t start, int64_t, int64_t, int64_t D, const acc* g) {
                      for (int64_t d = 0; d < D; ++d) gwp[start + d] = static_cast<scalar_t>(g[d]);
                    },
