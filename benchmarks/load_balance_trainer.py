@@ -2,7 +2,7 @@
 trainer's full step (``train.balance = "all_to_all"``, 2 gloo ranks, one thread each).
 
 The KuaiRand example's ``demo`` config (synthetic KuaiRand-format data, HSTU, batch 64 per
-rank, 256 negatives), ``train.pipeline = sparse_dist`` (the default).  Two modes, alternating
+rank, 256 negatives), ``train.pipeline = sparse_dist`` (the default).  Three modes, rotating
 segment by segment in one run (the first step of a segment, which refills the pipeline, is not
 counted):
 
@@ -10,27 +10,32 @@ counted):
   step ``s + 1``'s batch on its worker thread while the pipeline trains step ``s``; the
   per-sample restore is issued asynchronously (``restore(..., group=restore_group,
   async_op=True)``, a process group of its own) and waited for after the next step;
-* ``inline`` (what the trainer did before): the balance call runs inside the pipeline's
-  ``next(batch)`` on the main thread, and the restore is synchronous on the balancer's group.
+* ``inline`` (the trainer's default; what it did before): the balance call runs inside the
+  pipeline's ``next(batch)`` on the main thread, and the restore is synchronous on the
+  balancer's group;
+* ``inline_async``: balance as ``inline``; the restore is issued with ``async_op=True`` on the
+  balancer's group (the main thread issues every collective of that group, so their order is the
+  same on every rank) and waited for after the next step.
 
 Per step and rank: ``step_s``, the wall time of ``pipeline.progress()`` (data, balance, input
 dist, forward, backward, optimizer) -- what ``Trainer.train_segment`` times; ``critical_s``, the
-balancer's time on the main thread's critical path (inline: the balance call's wall time;
+balancer's time on the main thread's critical path (inline modes: the balance call's wall time;
 ahead: ``BatchBuilder.last_wait_s``, how long ``next(batch)`` waited for the worker) plus the
 restore's main-thread wall time (issue + wait); ``balance_s`` / ``balance_cpu_s``: the balance
 call's wall / CPU time (``time.thread_time`` of the thread that ran it); ``restore_cpu_s``;
 ``step_cpu_s``: the main thread's CPU time per step.
 
 * ``overhead_fraction_trainer`` (ahead) = median over steps of critical_s / (step_s + restore
-  wall), the larger of the two ranks (``..._inline``: the same for inline);
-* ``step_time_ratio_ahead_vs_inline``: the slower rank's median step + restore wall time,
-  ahead / inline (the same batches and placement: the end-to-end effect of the overlap);
+  wall), the larger of the two ranks (``..._inline`` / ``..._inline_async``: the same for those);
+* ``step_time_ratio_ahead_vs_inline`` (``..._inline_async_vs_inline``): the slower rank's median
+  step + restore wall time, ahead (inline_async) / inline (the same batches and placement: the
+  end-to-end effect of the overlap);
 * ``..._cpu_time``: (balance_cpu_s + restore_cpu_s) / (the CPU time per step of the main
   thread, plus the worker's balance_cpu_s in ``ahead``): the CPU the balancer takes, which a
   waiting collective does not inflate.  On a saturated core the worker's CPU time is taken from
   the training thread, so this share is what the overlap cannot hide.
 
-    python benchmarks/load_balance_trainer.py            # 6 rounds x 2 modes x 10 steps
+    python benchmarks/load_balance_trainer.py            # 6 rounds x 3 modes x 10 steps
     python benchmarks/load_balance_trainer.py --quick    # 2 rounds (< 60 s)
 Writes benchmarks/results/load_balance_trainer.json.
 """
@@ -55,7 +60,7 @@ from torchrec_ascend.testing.multiprocess import run_multiprocess  # noqa: E402
 
 WARMUP = 5
 SEGMENT = 10  # steps per segment; modes alternate segment by segment
-MODES = ("ahead", "inline")
+MODES = ("ahead", "inline", "inline_async")
 
 
 def _worker(rank: int, world: int, rounds: int, out: str) -> List[Dict[str, float]]:
@@ -95,8 +100,10 @@ def _worker(rank: int, world: int, rounds: int, out: str) -> List[Dict[str, floa
         per_sample = bb.sample_fields["users"].to(torch.float32)
         wait_wall, cpu = finish_restore()
         tic, tic_cpu = time.perf_counter(), time.thread_time()
-        if mode == "ahead":
+        if mode == "ahead":  # the worker balances on the balancer's group meanwhile
             state["pending"] = bb.restore(per_sample, restore_group, async_op=True)
+        elif mode == "inline_async":
+            state["pending"] = bb.restore(per_sample, async_op=True)
         else:
             bb.restore(per_sample)
         issue = time.perf_counter() - tic
@@ -113,8 +120,9 @@ def _worker(rank: int, world: int, rounds: int, out: str) -> List[Dict[str, floa
         state["mark"], state["first"] = now, False
 
     step = 0
-    plan = [("ahead", WARMUP)] + [(m, SEGMENT) for r in range(rounds)
-                                  for m in (MODES if r % 2 == 0 else MODES[::-1])]
+    k = len(MODES)
+    plan = [("ahead", WARMUP)] + [(MODES[(r + i) % k], SEGMENT) for r in range(rounds)
+                                  for i in range(k)]
     for mode, steps in plan:
         builder.balance_ahead = mode == "ahead"
         state["first"] = True
@@ -170,7 +178,10 @@ def main() -> int:
                "overhead_fraction_trainer_cpu_time": worst[("ahead", "overhead_cpu")],
                "overhead_fraction_trainer_inline": worst[("inline", "overhead")],
                "overhead_fraction_trainer_inline_cpu_time": worst[("inline", "overhead_cpu")],
+               "overhead_fraction_trainer_inline_async": worst[("inline_async", "overhead")],
+               "overhead_fraction_trainer_inline_async_cpu_time": worst[("inline_async", "overhead_cpu")],
                "step_restore_ms": step, "step_time_ratio_ahead_vs_inline": step["ahead"] / step["inline"],
+               "step_time_ratio_inline_async_vs_inline": step["inline_async"] / step["inline"],
                "goal_overhead_fraction": 0.02, "per_rank": table,
                "load_average_1_5_15_at_start": [round(x, 2) for x in load],
                "config": {"config": "examples/kuairand/configs/demo.json", "models": ["hstu"],
@@ -181,8 +192,8 @@ def main() -> int:
     for mode in MODES:
         print(f"{mode}: balancer on the critical path {worst[(mode, 'overhead')]:.4f} of the step, "
               f"CPU time {worst[(mode, 'overhead_cpu')]:.4f}; goal 0.02")
-    print(f"step + restore (slower rank's median): ahead {step['ahead']:.1f} ms, inline "
-          f"{step['inline']:.1f} ms (ratio {step['ahead'] / step['inline']:.3f})")
+    print("step + restore (slower rank's median): " + ", ".join(
+        f"{m} {step[m]:.1f} ms (x {step[m] / step['inline']:.3f})" for m in MODES))
     print(f"wrote {write_json('load_balance_trainer', payload)}")
     return 0
 

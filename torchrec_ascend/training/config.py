@@ -99,8 +99,8 @@ class TrainConfig:
     ``none`` | ``collator`` | ``all_to_all`` (torchrec_ascend.distributed.load_balance);
     prefetch: sample the next step's negatives in a background thread; balance_ahead (with
     ``all_to_all``): build and balance the next step's batch on a worker thread while this step
-    trains (off the critical path, but it shares the GIL and the core: measured slower end to end
-    on a 2-core CPU host, docs/load_balance.md).  threads: intra-op
+    trains (off the critical path, but it shares the GIL and the core: not faster end to end on
+    a 2-core CPU host, docs/load_balance.md).  threads: intra-op
     threads (0: torch's default).  peak_gemm_size: the GEMM that measures the MFU peak.
     precision: ``fp32`` | ``bf16`` (autocast mixed precision, fp32 master weights) | ``auto``
     (bf16 where the device's bf16 GEMM was measured faster, else fp32; :mod:`.precision`).
