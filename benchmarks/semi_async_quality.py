@@ -29,7 +29,8 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from benchmarks.common import print_table, write_json  # noqa: E402
-from benchmarks.sample_runs import sample_config, sample_split, train_valid  # noqa: E402
+from benchmarks.sample_runs import (run_description, sample_config,  # noqa: E402
+                                    sample_split, train_valid)
 
 MODES = (("sync", 0), ("semi_async", 1), ("semi_async", 2))
 
@@ -85,9 +86,7 @@ def main() -> int:
         "sync_seed_relative_std": sync_sd, "ndcg200_rel_diff": rel200,
         "valid_ndcg@200": ndcg200, "sync_seed_spread_ndcg200": spread(ndcg200),
         "goal_abs_rel_diff": 0.02, "runs": rows,
-        "config": {"config": "examples/kuairand/configs/sample.json", "models": ["hstu"],
-                   "steps": steps, "seeds": seeds, "world_size": 1, "threads": 1,
-                   "quick": args.quick},
+        "config": run_description(steps, seeds, args.quick),
         "seconds": round(time.perf_counter() - t0, 1)})
     print(f"wrote {path}")
     return 0
