@@ -29,7 +29,8 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from benchmarks.common import print_table, write_json  # noqa: E402
-from benchmarks.sample_runs import rel, sample_config, sample_split, train_valid  # noqa: E402
+from benchmarks.sample_runs import (rel, run_description, sample_config,  # noqa: E402
+                                    sample_split, train_valid)
 
 SIDES = ("fp32", "bf16")
 METRICS = ("ndcg@10", "hr@10", "ndcg@200")
@@ -82,9 +83,7 @@ def main() -> int:
         "fp32_seed_spread": spread, "runs": rows,
         "gemm_capability": _device.gemm_capability("cpu").as_dict(),
         "hstu_kernel_bf16_gemm": cpu_bf16_gemm(),
-        "config": {"config": "examples/kuairand/configs/sample.json", "models": ["hstu"],
-                   "steps": steps, "seeds": seeds, "world_size": 1, "threads": 1,
-                   "quick": args.quick},
+        "config": run_description(steps, seeds, args.quick),
         "seconds": round(time.perf_counter() - t0, 1)})
     print(f"wrote {path}")
     return 0

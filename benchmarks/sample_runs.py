@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Sequence
 
 import torch
 
-__all__ = ["sample_config", "sample_split", "train_valid"]
+__all__ = ["sample_config", "sample_split", "train_valid", "run_description", "rel"]
 
 
 def sample_config(steps: int, overrides: Sequence[str] = ()):
@@ -52,3 +52,9 @@ def train_valid(cfg, split, env, peak_flops: float = 1e9) -> Dict[str, Any]:
 def rel(a: float, b: Optional[float]) -> Optional[float]:
     """``a / b - 1`` (None where b is 0 or None)."""
     return a / b - 1 if b else None
+
+
+def run_description(steps: int, seeds: Sequence[int], quick: bool) -> Dict[str, Any]:
+    """The ``config`` entry of a quality script's JSON."""
+    return {"config": "examples/kuairand/configs/sample.json", "models": ["hstu"],
+            "steps": steps, "seeds": list(seeds), "world_size": 1, "threads": 1, "quick": quick}
