@@ -21,7 +21,7 @@ Each run is a child process (``--jobs`` at a time); the parent only collects the
 (``--runs-dir``: each run's result is kept there as JSON and reused by a later invocation with
 the same mode, seed, steps, evaluation interval and warm-up, so seeds or modes can be added).
 
-    python benchmarks/semi_async_quality.py                    # 1200 steps, seeds 0-2, 4 modes
+    python benchmarks/semi_async_quality.py                    # 1200 steps, seeds 0-2, 5 modes
     python benchmarks/semi_async_quality.py --quick            # 100 steps, seed 0, sync + k1
     python benchmarks/semi_async_quality.py --steps 2400 --modes sync k2 \
         --name semi_async_quality_2400                         # longer, sync vs k = 2
@@ -48,7 +48,7 @@ if REPO not in sys.path:
 from benchmarks.common import print_table, write_json  # noqa: E402
 
 MODES = ("sync", "k1", "k2", "k1w", "k2w")
-DEFAULT_MODES = ("sync", "k1", "k2", "k1w")
+DEFAULT_MODES = MODES
 PLATEAU = 2 / 3  # the plateau: evaluations at steps >= PLATEAU x steps
 # two-sided 95% quantiles of Student's t, df = 1 .. 10 (published tables)
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
@@ -129,7 +129,7 @@ def run_all(jobs: List[tuple], args: argparse.Namespace) -> List[dict]:
         path = cached(mode, seed)
         if path and os.path.exists(path):
             with open(path) as f:
-                done.append(json.load(f))
+                done.append(dict(json.load(f), reused=path))
             print(f"{mode} seed {seed}: reused {path}", flush=True)
         else:
             pending.append((mode, seed))
@@ -261,6 +261,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                           for m in ("k1", "k2") if m in modes},
         **summary, "goal_abs_rel_diff": 0.02, "stale_reads": collisions,
         "runs": [{"mode": r["mode"], "seed": r["seed"], "seconds": round(r["seconds"], 1),
+                  "reused_from_runs_dir": "reused" in r,
                   "valid": r["valid"], "evals": r["evals"]} for r in runs],
         "config": {"config": "examples/kuairand/configs/sample.json", "models": ["hstu"],
                    "steps": args.steps, "eval_every": args.eval_every, "seeds": seeds,
