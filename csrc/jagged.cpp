@@ -211,8 +211,12 @@ at::Tensor jagged_to_padded_dense_impl(const at::Tensor& values,
   std::vector<int64_t> shape = {B};
   shape.insert(shape.end(), max_lengths.begin(), max_lengths.end());
   for (int64_t i = 1; i < v.dim(); ++i) shape.push_back(v.size(i));
-  // padding 0 (+0.0, all bits zero): an already-zero output, only the data rows are written
-  const bool zero_pad = padding_value == 0.0 && !std::signbit(padding_value);
+  // padding 0 (+0.0, all bits zero) on a large output: an already-zero fresh mapping, only the
+  // data rows are written; else (as fbgemm) each row's data copied and its padding filled
+  int64_t bytes = static_cast<int64_t>(v.element_size());
+  for (auto n : shape) bytes *= n;
+  const bool zero_pad = padding_value == 0.0 && !std::signbit(padding_value) &&
+                        bytes >= kLazyZeroBytes;
   auto out = zero_pad ? zeroed_output(shape, v.options()) : empty_output(shape, v.options());
   const int64_t slots = rows.R * rows.N;
   if (slots == 0 || D == 0) return out;

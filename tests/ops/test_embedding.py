@@ -268,6 +268,42 @@ def test_fused_backward_steps_match_fbgemm(opt, variant, pooled_dims, backend):
         assert not torch.equal(w_ta, x0["weights"])
 
 
+@pytest.mark.parametrize("opt", ["sgd", "rowwise_adagrad"])
+@pytest.mark.parametrize("variant", _VARIANTS[:3], ids=["sum", "mean", "weighted_sum"])
+@pytest.mark.parametrize("case", ["wide", "one_row", "all_empty"])
+@BACKENDS
+def test_fused_backward_wide_rows_match_fbgemm(opt, variant, case, backend):
+    """Dims 256 / 48 / 20 (the csrc sum's AVX-512 block of 256, blocks of 16 and a tail), bags of
+    length 0, 1 and max; every index on row 0 of its table (one_row: one distinct row per table,
+    hit by every bag); no index at all (all_empty: the step changes nothing)."""
+    torch.manual_seed(17)
+    weighted = variant[0] == "weighted"
+    rows = (1, 1, 1) if case == "one_row" else (6, 5, 4)
+    x = _tbe(dims=(256, 48, 20), rows=rows, B=6, max_L=9, weighted=weighted)
+    if case == "all_empty":
+        x["indices"] = x["indices"][:0]
+        x["offsets"] = torch.zeros_like(x["offsets"])
+        x["psw"] = x["psw"][:0] if weighted else None
+    name = E.backward_op_name(opt, weighted, False)
+    w0 = x["weights"].clone()
+    w_fb, w_ta = w0.clone(), w0.clone()
+    st_fb = _state_tensors(opt, x)
+    st_ta = [(s.clone(), o) for s, o in st_fb]
+    hyper = {"sgd": [], "rowwise_adagrad": [0.01, 0.0, 0, 0.0]}[opt]
+    lr = torch.tensor(0.05)
+    grad = torch.randn(x["B"], sum(x["dims"]))
+    getattr(fb, name)(*_bwd_args(x, opt, variant, grad, w_fb, st_fb, lr, hyper))
+    with _forced(backend, name):
+        getattr(ta, name)(*_bwd_args(x, opt, variant, grad, w_ta, st_ta, lr, hyper))
+    torch.testing.assert_close(w_ta, w_fb, rtol=1e-5, atol=1e-6)
+    for (a, _), (b, _) in zip(st_ta, st_fb):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    if case == "all_empty":
+        assert torch.equal(w_ta, w0)
+    else:
+        assert not torch.equal(w_ta, w0)
+
+
 @BACKENDS
 def test_fused_sgd_fp16_weights_match_fbgemm(backend):
     x = _tbe(w_dtype=torch.float16)
