@@ -26,6 +26,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ...ops.extension import kernel
+
 __all__ = ["plan_assignment", "RankPlanner", "bin_loads", "imbalance"]
 
 _REL_TOL = 1e-12
@@ -47,6 +49,25 @@ def _as_numpy(name: str, t: "torch.Tensor | np.ndarray", n: Optional[int] = None
 
 def _lpt(c: np.ndarray, num_bins: int, cap: Optional[int], s: Optional[np.ndarray],
          size_cap: Optional[float]) -> np.ndarray:
+    """LPT bins: the csrc kernel ``lb_lpt`` (the same rules and tie-breaks, one call) where the
+    extension is built, else :func:`_lpt_reference`; an infeasible item reruns the reference, which
+    raises the error."""
+    fn = kernel("lb_lpt")
+    if fn is not None:
+        bins, failed = fn(torch.from_numpy(c), num_bins, 0 if cap is None else cap,
+                          torch.from_numpy(s) if s is not None else _NO_SIZES,
+                          0.0 if size_cap is None else float(size_cap))
+        if failed < 0:
+            return bins.numpy()
+    return _lpt_reference(c, num_bins, cap, s, size_cap)
+
+
+_NO_SIZES = torch.empty(0, dtype=torch.float64)
+
+
+def _lpt_reference(c: np.ndarray, num_bins: int, cap: Optional[int], s: Optional[np.ndarray],
+                   size_cap: Optional[float]) -> np.ndarray:
+    """LPT in Python (heapq): the reference of ``lb_lpt`` and the fallback without the extension."""
     bins = [0] * c.shape[0]
     cost = c.tolist()
     size = s.tolist() if s is not None else None
