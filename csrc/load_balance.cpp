@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <queue>
 #include <tuple>
@@ -80,6 +81,105 @@ std::tuple<at::Tensor, int64_t> lb_lpt(const at::Tensor& costs, int64_t num_bins
     for (const auto& x : skipped) heap.push(x);
   }
   return {bins, -1};
+}
+
+// Refinement of a plan, in place on bins: the rules and tie-breaks of assign._refine_reference
+// (the most expensive bin h; partners p in increasing cost (stable); the move of one item h -> p,
+// or the swap of two, with the smallest max of the pair; first minimum in item order, moves
+// before swaps on equal values), with `bound` the lower bound computed by the caller.
+void lb_refine(const at::Tensor& costs, at::Tensor& bins, int64_t num_bins, int64_t cap,
+               const at::Tensor& sizes, double size_cap, int64_t max_rounds, double tol, double bound,
+               double rel_tol) {
+  check_cpu_1d(costs, at::kDouble, "costs");
+  check_cpu_1d(bins, at::kLong, "bins");
+  TORCH_CHECK_VALUE(costs.is_contiguous() && bins.is_contiguous() && bins.numel() == costs.numel(),
+                    "costs, bins: expected contiguous tensors of the same length");
+  const int64_t n = costs.numel();
+  const double* c = costs.data_ptr<double>();
+  int64_t* b = bins.data_ptr<int64_t>();
+  const double* s = nullptr;
+  at::Tensor sc;
+  if (sizes.numel() > 0) {
+    check_cpu_1d(sizes, at::kDouble, "sizes");
+    TORCH_CHECK_VALUE(sizes.numel() == n, "sizes: has ", sizes.numel(), " entries, expected ", n);
+    sc = sizes.contiguous();
+    s = sc.data_ptr<double>();
+  }
+  std::vector<double> loads(num_bins, 0.0), used(num_bins, 0.0);
+  std::vector<int64_t> counts(num_bins, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK_VALUE(b[i] >= 0 && b[i] < num_bins, "bins: entry ", i, " is outside [0, ", num_bins, ")");
+    loads[b[i]] += c[i];
+    counts[b[i]] += 1;
+    if (s != nullptr) used[b[i]] += s[i];
+  }
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<int64_t> ih, ip, partners(num_bins);
+  for (int64_t round = 0; round < max_rounds; ++round) {
+    const int64_t h = std::max_element(loads.begin(), loads.end()) - loads.begin();
+    const double lh = loads[h];
+    if (lh <= bound * (1 + tol)) return;
+    ih.clear();
+    for (int64_t i = 0; i < n; ++i)
+      if (b[i] == h) ih.push_back(i);
+    std::iota(partners.begin(), partners.end(), 0);
+    std::stable_sort(partners.begin(), partners.end(),
+                     [&loads](int64_t x, int64_t y) { return loads[x] < loads[y]; });
+    bool done = false;
+    for (int64_t p : partners) {
+      if (p == h || loads[p] >= lh) continue;
+      const double lp = loads[p], uh = used[h], up = used[p];
+      ip.clear();
+      for (int64_t i = 0; i < n; ++i)
+        if (b[i] == p) ip.push_back(i);
+      bool have = false;
+      double best = inf;
+      int64_t bi = -1, bj = -1;
+      if (cap <= 0 || counts[p] < cap) {  // moves h -> p
+        double m = inf;
+        int64_t arg = -1;
+        for (int64_t a : ih) {
+          double v = std::max(lh - c[a], lp + c[a]);
+          if (s != nullptr && !(up + s[a] <= size_cap)) v = inf;
+          if (arg < 0 || v < m) m = v, arg = a;
+        }
+        if (arg >= 0 && m < inf) have = true, best = m, bi = arg, bj = -1;
+      }
+      if (!ip.empty()) {
+        double m = inf;
+        int64_t aa = -1, ab = -1;
+        for (int64_t a : ih)
+          for (int64_t q : ip) {
+            const double d = c[a] - c[q];
+            double v = d > 0 ? std::max(lh - d, lp + d) : inf;
+            if (s != nullptr) {
+              const double ds = s[a] - s[q];
+              if (!((up + ds <= size_cap) && (uh - ds <= size_cap))) v = inf;
+            }
+            if (aa < 0 || v < m) m = v, aa = a, ab = q;
+          }
+        if (aa >= 0 && m < inf && (!have || m < best)) have = true, best = m, bi = aa, bj = ab;
+      }
+      if (!have || best >= lh * (1 - rel_tol)) continue;
+      const int64_t moves[2][3] = {{bi, h, p}, {bj, p, h}};
+      for (const auto& mv : moves) {
+        const int64_t item = mv[0], src = mv[1], dst = mv[2];
+        if (item < 0) continue;
+        b[item] = dst;
+        loads[src] -= c[item];
+        loads[dst] += c[item];
+        counts[src] -= 1;
+        counts[dst] += 1;
+        if (s != nullptr) {
+          used[src] -= s[item];
+          used[dst] += s[item];
+        }
+      }
+      done = true;
+      break;
+    }
+    if (!done) return;
+  }
 }
 
 // The send buffer of one exchange: per peer p, per field f, the rows of f for the local samples
@@ -243,6 +343,7 @@ at::Tensor lb_scatter_rows(const at::Tensor& src, const at::Tensor& index, int64
 
 void bind_load_balance(pybind11::module& m) {
   m.def("lb_lpt", &lb_lpt);
+  m.def("lb_refine", &lb_refine);
   m.def("lb_pack", &lb_pack);
   m.def("lb_unpack", &lb_unpack);
   m.def("lb_scatter_rows", &lb_scatter_rows);
