@@ -8,6 +8,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   torchrec_ascend::bind_sparse(m);
   torchrec_ascend::bind_embedding(m);
   torchrec_ascend::bind_hstu(m);
+  torchrec_ascend::bind_load_balance(m);
   // after every bind_<area>: they fill the table of direct dispatcher kernels that this binds
   torchrec_ascend::direct::bind(m);
 }

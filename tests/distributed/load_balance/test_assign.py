@@ -206,3 +206,63 @@ def test_rank_planner_bad_arguments(kw, match):
         RankPlanner(object())
     with pytest.raises(ValueError, match="world"):
         RankPlanner(HSTUCostModel(1.0, 0.0)).plan_costs(torch.ones(2), torch.ones(2), 0)
+
+
+@pytest.mark.skipif(__import__("torchrec_ascend.ops.extension", fromlist=["kernel"]).kernel("lb_lpt") is None,
+                    reason="csrc extension without lb_lpt: make build")
+@pytest.mark.parametrize("seed", range(6))
+def test_lpt_kernel_equals_the_python_reference(seed):
+    from torchrec_ascend.distributed.load_balance import assign
+
+    g = np.random.default_rng(seed)
+    for trial in range(40):
+        n = int(g.integers(1, 60))
+        bins = int(g.integers(1, 9))
+        # integer costs: many ties (order by index, then (cost, items, bin) among bins)
+        c = g.integers(0, 5, n).astype(np.float64) if trial % 2 else g.exponential(1.0, n)
+        cap = None if trial % 3 == 0 else int(g.integers(-(-n // bins), n + 1))
+        s = size_cap = None
+        if trial % 4 >= 2:
+            s = g.integers(0, 10, n).astype(np.float64)
+            size_cap = float(max(s.max(), 1.0) + g.integers(0, 3) * s.sum() / bins)
+        try:
+            want = assign._lpt_reference(c, bins, cap, s, size_cap)
+        except ValueError as exc:  # infeasible: the kernel path raises the reference's error
+            with pytest.raises(ValueError, match="max_size_per_bin: no bin has room"):
+                assign._lpt(c, bins, cap, s, size_cap)
+            assert "no bin has room" in str(exc)
+            continue
+        got = assign._lpt(c, bins, cap, s, size_cap)
+        assert got.dtype == np.int64 and np.array_equal(got, want), (seed, trial)
+
+
+@pytest.mark.skipif(__import__("torchrec_ascend.ops.extension", fromlist=["kernel"]).kernel("lb_refine") is None,
+                    reason="csrc extension without lb_refine: make build")
+@pytest.mark.parametrize("seed", range(6))
+def test_refine_kernel_equals_the_numpy_reference(seed):
+    from torchrec_ascend.distributed.load_balance import assign
+
+    g = np.random.default_rng(100 + seed)
+    for trial in range(40):
+        n = int(g.integers(1, 50))
+        k = int(g.integers(2, 7))
+        c = g.integers(0, 6, n).astype(np.float64) if trial % 2 else g.pareto(1.5, n)
+        cap = None if trial % 3 == 0 else int(g.integers(-(-n // k), n + 1))
+        s = size_cap = None
+        if trial % 4 >= 2:
+            s = g.integers(0, 10, n).astype(np.float64)
+            size_cap = float(s.max() + 1 + g.integers(0, 2) * s.sum() / k)
+        # start from a random feasible-by-count plan (worse than LPT: more refinement steps)
+        start = np.arange(n, dtype=np.int64) % k
+        g.shuffle(start)
+        if s is not None:  # a start the size limit allows: LPT's
+            try:
+                start = assign._lpt_reference(c, k, cap, s, size_cap)
+            except ValueError:
+                continue
+        rounds = int(g.integers(0, 4 * n + 16))
+        tol = [0.0, 1e-4, 1e-2][trial % 3]
+        want, got = start.copy(), start.copy()
+        assign._refine_reference(c, want, k, cap, s, size_cap, rounds, max(tol, assign._REL_TOL))
+        assign._refine(c, got, k, cap, s, size_cap, rounds, max(tol, assign._REL_TOL))
+        assert np.array_equal(got, want), (seed, trial)

@@ -26,6 +26,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ...ops.extension import kernel
+
 __all__ = ["plan_assignment", "RankPlanner", "bin_loads", "imbalance"]
 
 _REL_TOL = 1e-12
@@ -47,6 +49,25 @@ def _as_numpy(name: str, t: "torch.Tensor | np.ndarray", n: Optional[int] = None
 
 def _lpt(c: np.ndarray, num_bins: int, cap: Optional[int], s: Optional[np.ndarray],
          size_cap: Optional[float]) -> np.ndarray:
+    """LPT bins: the csrc kernel ``lb_lpt`` (the same rules and tie-breaks, one call) where the
+    extension is built, else :func:`_lpt_reference`; an infeasible item reruns the reference, which
+    raises the error."""
+    fn = kernel("lb_lpt")
+    if fn is not None:
+        bins, failed = fn(torch.from_numpy(c), num_bins, 0 if cap is None else cap,
+                          torch.from_numpy(s) if s is not None else _NO_SIZES,
+                          0.0 if size_cap is None else float(size_cap))
+        if failed < 0:
+            return bins.numpy()
+    return _lpt_reference(c, num_bins, cap, s, size_cap)
+
+
+_NO_SIZES = torch.empty(0, dtype=torch.float64)
+
+
+def _lpt_reference(c: np.ndarray, num_bins: int, cap: Optional[int], s: Optional[np.ndarray],
+                   size_cap: Optional[float]) -> np.ndarray:
+    """LPT in Python (heapq): the reference of ``lb_lpt`` and the fallback without the extension."""
     bins = [0] * c.shape[0]
     cost = c.tolist()
     size = s.tolist() if s is not None else None
@@ -114,10 +135,29 @@ def _best_exchange(c: np.ndarray, s: Optional[np.ndarray], size_cap: Optional[fl
 
 def _refine(c: np.ndarray, bins: np.ndarray, num_bins: int, cap: Optional[int],
             s: Optional[np.ndarray], size_cap: Optional[float], max_rounds: int, tol: float) -> None:
+    """Refinement in place on ``bins``: the csrc kernel ``lb_refine`` (the same steps and
+    tie-breaks, one call) where the extension is built, else :func:`_refine_reference`."""
+    fn = kernel("lb_refine")
+    if fn is None:
+        _refine_reference(c, bins, num_bins, cap, s, size_cap, max_rounds, tol)
+        return
+    fn(torch.from_numpy(c), torch.from_numpy(bins), num_bins, 0 if cap is None else cap,
+       torch.from_numpy(s) if s is not None else _NO_SIZES, 0.0 if size_cap is None else float(size_cap),
+       max_rounds, tol, _bound(c, num_bins), _REL_TOL)
+
+
+def _bound(c: np.ndarray, num_bins: int) -> float:
+    """Lower bound of the largest bin: ``max(largest item, total / num_bins)``."""
+    return max(float(c.max()), float(c.sum()) / num_bins)
+
+
+def _refine_reference(c: np.ndarray, bins: np.ndarray, num_bins: int, cap: Optional[int],
+                      s: Optional[np.ndarray], size_cap: Optional[float], max_rounds: int, tol: float) -> None:
+    """Refinement in numpy: the reference of ``lb_refine`` and the fallback without the extension."""
     loads = np.bincount(bins, weights=c, minlength=num_bins)
     counts = np.bincount(bins, minlength=num_bins)
     used = np.bincount(bins, weights=s, minlength=num_bins) if s is not None else None
-    bound = max(float(c.max()), float(c.sum()) / num_bins)
+    bound = _bound(c, num_bins)
     for _ in range(max_rounds):
         h = int(np.argmax(loads))
         lh = float(loads[h])

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from .assign import RankPlanner
-from .packing import Field, pack, peer_bytes, to_bytes, token_index, unpack
+from .packing import Field, pack_batch, peer_bytes, scatter_rows, to_bytes, token_index, unpack
 
 __all__ = ["AllToAllBalancer", "BalancedBatch", "PendingRestore"]
 
@@ -199,11 +199,7 @@ class BalancedBatch:
                                 ex.group if group is None else group, async_op=True)
 
         def finish() -> torch.Tensor:
-            rows = got.view(t.dtype).reshape((sum(home),) + fld.trailing) if rb else \
-                torch.empty((sum(home),) + fld.trailing, dtype=t.dtype, device=t.device)
-            out = torch.empty_like(rows)
-            out.index_copy_(0, order.to(rows.device), rows)
-            return out
+            return scatter_rows(got, order, t.dtype, fld.trailing)
 
         pending = PendingRestore(work, finish, send)
         return pending if async_op else pending.wait()
@@ -414,21 +410,20 @@ class AllToAllBalancer(RankPlanner):
         bins = self.plan_costs(gcosts, glengths[:, 0], world).numpy()
         ex = _plan_exchange(counts, bins, gcosts, glengths, world, rank, group, dev)
         # ---- pack: sample rows in send order, token rows in send order per group; one all_to_all
-        tok_idx = [torch.from_numpy(token_index(lens[g], ex.order)).to(dev) for g in range(G)]
-        src_rows, send_per, recv_per = [], [], []
+        tensors, send_per, recv_per = [], [], []
         for f in fields:
             if f.group < 0:
-                t = num_targets if f.name == _TARGETS else sample_fields[f.name]
-                src_rows.append(t.index_select(0, ex.send_order))
+                tensors.append(num_targets if f.name == _TARGETS else sample_fields[f.name])
                 send_per.append(ex.send_counts)
                 recv_per.append(ex.recv_counts)
             else:
-                src_rows.append(groups[f.group][1][f.name].index_select(0, tok_idx[f.group]))
+                tensors.append(groups[f.group][1][f.name])
                 send_per.append(ex.send_tokens[f.group])
                 recv_per.append(ex.recv_tokens[f.group])
         got: List[torch.Tensor] = []
         if fields:
-            buf, send_bytes = pack(src_rows, fields, send_per, world, dev)
+            buf, send_bytes = pack_batch(tensors, fields, ex.order, np.stack(lens, 1), bins[ex.start:ex.start + counts[rank]],
+                                         send_per, world, dev)
             recv = _all_to_all(buf, send_bytes, peer_bytes(fields, recv_per, world), world, group)
             got = unpack(recv, fields, recv_per, world)
         # ---- assemble

@@ -14,7 +14,9 @@ from typing import List, Sequence, Tuple
 import numpy as np
 import torch
 
-__all__ = ["ALIGN", "Field", "pack", "unpack", "to_bytes", "token_index"]
+from ...ops.extension import kernel
+
+__all__ = ["ALIGN", "Field", "pack", "pack_batch", "unpack", "scatter_rows", "to_bytes", "token_index"]
 
 ALIGN = 16  # bytes; covers every dtype's alignment (complex128 included)
 
@@ -67,9 +69,40 @@ def pack(rows: Sequence[torch.Tensor], fields: Sequence[Field], per_peer: Sequen
     return buf, sizes
 
 
+def pack_batch(tensors: Sequence[torch.Tensor], fields: Sequence[Field], order: np.ndarray,
+               lengths: np.ndarray, dest: np.ndarray, per_peer: Sequence[Sequence[int]], world: int,
+               device: torch.device) -> Tuple[torch.Tensor, List[int]]:
+    """The send buffer of a local batch: ``tensors[f]`` is field ``f``'s local tensor (sample
+    rows, or token rows of jagged group ``fields[f].group`` with ``lengths [B, G]``); samples go in
+    ``order`` (local indices grouped by ascending destination ``dest [B]``), ``per_peer[f][p]`` rows
+    of field ``f`` to peer ``p``.  Returns the buffer and the bytes per peer (as :func:`pack`)."""
+    fn = kernel("lb_pack") if device.type == "cpu" else None
+    if fn is not None:
+        buf, sizes = fn(list(tensors), [f.group for f in fields], [f.row_bytes for f in fields],
+                        torch.from_numpy(order), torch.from_numpy(lengths), torch.from_numpy(dest),
+                        world, ALIGN)
+        return buf, sizes.tolist()
+    send_order = torch.from_numpy(order).to(device)
+    tok = {g: torch.from_numpy(token_index(lengths[:, g], order)).to(device)
+           for g in sorted({f.group for f in fields if f.group >= 0})}
+    rows = [t.index_select(0, send_order if f.group < 0 else tok[f.group]) for t, f in zip(tensors, fields)]
+    return pack(rows, fields, per_peer, world, device)
+
+
 def unpack(buf: torch.Tensor, fields: Sequence[Field], per_peer: Sequence[Sequence[int]],
            world: int) -> List[torch.Tensor]:
     """Inverse of :func:`pack` on the receiving side: one tensor per field, peers in order."""
+    fn = kernel("lb_unpack") if buf.device.type == "cpu" else None
+    if fn is None:
+        return _unpack_reference(buf, fields, per_peer, world)
+    parts = fn(buf, [f.row_bytes for f in fields], torch.tensor(per_peer, dtype=torch.int64).reshape(-1, world),
+               ALIGN)
+    return [p.view(f.dtype).reshape((sum(n),) + f.trailing) for p, f, n in zip(parts, fields, per_peer)]
+
+
+def _unpack_reference(buf: torch.Tensor, fields: Sequence[Field], per_peer: Sequence[Sequence[int]],
+                      world: int) -> List[torch.Tensor]:
+    """:func:`unpack` with torch views and ``cat`` (without the extension, or off the CPU)."""
     parts: List[List[torch.Tensor]] = [[] for _ in fields]
     pos = 0
     for p in range(world):
@@ -94,3 +127,18 @@ def token_index(lengths: np.ndarray, order: np.ndarray) -> np.ndarray:
     ln = lengths[order]
     shift = starts[order] - (np.cumsum(ln) - ln)
     return np.repeat(shift, ln) + np.arange(int(ln.sum()), dtype=np.int64)
+
+
+def scatter_rows(buf: torch.Tensor, order: torch.Tensor, dtype: torch.dtype, trailing: Tuple[int, ...]) -> torch.Tensor:
+    """``out[order[i]] = row i`` of ``buf`` (1-D ``uint8``, ``len(order)`` rows of ``dtype`` and
+    shape ``trailing``): the inverse permutation of a gather by ``order``."""
+    n = int(order.numel())
+    fld = Field("", -1, dtype, tuple(trailing))
+    fn = kernel("lb_scatter_rows") if buf.device.type == "cpu" and order.device.type == "cpu" else None
+    if fn is not None and fld.row_bytes:
+        return fn(buf, order, fld.row_bytes).view(dtype).reshape((n,) + fld.trailing)
+    rows = buf.view(dtype).reshape((n,) + fld.trailing) if fld.row_bytes else \
+        torch.empty((n,) + fld.trailing, dtype=dtype, device=buf.device)
+    out = torch.empty_like(rows)
+    out.index_copy_(0, order.to(rows.device), rows)
+    return out
