@@ -16,11 +16,12 @@ config on it with the library's trainer, measuring what it costs.
   Adagrad state; before building it the script checks ``MemAvailable`` (``/proc/meminfo``) and
   refuses to start (exit 2, naming what does not fit) unless the table + state + a margin fit, so
   a shared machine is not pushed into swap or the OOM killer.  Peak RSS:
-  ``resource.getrusage(RUSAGE_SELF).ru_maxrss``; the RSS after each phase from
+  :func:`torchrec_ascend.datasets.peak_rss_mb` (``VmHWM``); the RSS after each phase from
   ``/proc/self/statm``.
 
     python benchmarks/scale.py --quick     # 4M items; writes benchmarks/results/scale_quick.json
     python benchmarks/scale.py             # 32M items; writes benchmarks/results/scale.json
+    python benchmarks/scale.py --doc       # rewrite docs/kuairand.md's section from the JSON
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import sys
 import time
@@ -42,9 +42,10 @@ REPO = os.path.dirname(HERE)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.common import print_table, write_json  # noqa: E402
+from benchmarks.common import RESULTS_DIR, print_table, write_json  # noqa: E402
 from benchmarks.train_breakdown import OffsetsRecorder, breakdown  # noqa: E402
-from torchrec_ascend.datasets import Sequences  # noqa: E402
+from docs.gen_ops import _replace, _section  # noqa: E402
+from torchrec_ascend.datasets import Sequences, peak_rss_mb  # noqa: E402
 from torchrec_ascend.datasets.schema import ACTION_BITS  # noqa: E402
 from torchrec_ascend.datasets.synthetic import SyntheticConfig, chain_sequences  # noqa: E402
 from torchrec_ascend.training import Trainer, config_from_dict, leave_two_out  # noqa: E402
@@ -52,6 +53,9 @@ from torchrec_ascend.training.distributed import init_distributed  # noqa: E402
 from torchrec_ascend.training.pipelines import step_row  # noqa: E402
 
 CONFIG = os.path.join(REPO, "examples", "kuairand", "configs", "27k.json")
+DOC = os.path.join(REPO, "docs", "kuairand.md")
+RESULTS = {"full": os.path.join(RESULTS_DIR, "scale.json"),
+           "quick": os.path.join(RESULTS_DIR, "scale_quick.json")}
 USERS_27K, ITEMS_27K = 27_285, 32_038_725
 MARGIN_BYTES = 3 << 30  # what the rest of the run (data, dense model, batches) is given
 # (items, users, mean clicked-sequence length, warm-up steps, timed steps) of each mode
@@ -128,11 +132,6 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far (``ru_maxrss`` is KiB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def build_config(steps: int) -> Any:
     """The ``27k`` config, data replaced by the in-memory synthetic split, the ``semi_async``
     pipeline at staleness 0 (it times lookup and sparse backward), no eval / checkpoints."""
@@ -207,7 +206,7 @@ def run(mode: str, threads: int, steps_override: int = 0) -> Dict[str, Any]:
         "lookup_update_ms": lookup_update, "dense_ms": step_ms - lookup_update,
         "breakdown_ms": parts, "stage_ms": stage_ms,
         "loss_first": acc["loss"][0], "loss_last": acc["loss"][-1],
-        "peak_rss_gib": peak_rss_bytes() / 2**30, "phases": phases,
+        "peak_rss_gib": peak_rss_mb() / 1024, "phases": phases,
         "mem_available_gib_before": avail_before / 2**30,
         "loadavg_before": list(load_before), "loadavg_after": list(load_after),
         "model": raw["model"], "train": raw["train"],
@@ -221,13 +220,77 @@ def run(mode: str, threads: int, steps_override: int = 0) -> Dict[str, Any]:
     return result
 
 
+def markdown(docs: Dict[str, Dict[str, Any]]) -> str:
+    """docs/kuairand.md's ``scale`` section: one column per result file (``full``, ``quick``)."""
+    cols = [m for m in ("full", "quick") if m in docs]
+    if not cols:
+        raise ValueError("docs: no scale result (run benchmarks/scale.py first)")
+    rows = [
+        ("items (table rows) x dim", lambda r: f"{r['num_items']:,} x {r['table_dim']}"),
+        ("users / events (clicks)", lambda r: f"{r['num_users']:,} / {r['events']:,}"),
+        ("generation (s)", lambda r: f"{r['generation_s']:.1f}"),
+        ("table: fp32 weights + row-wise Adagrad (GB)", lambda r: (
+            f"{r['table_bytes']['weights_fp32'] / 1e9:.2f} + "
+            f"{r['table_bytes']['rowwise_adagrad_state'] / 1e9:.3f}")),
+        ("trainer build: planner, shard, init (s)", lambda r: f"{r['phases']['build']['seconds']:.1f}"),
+        ("peak RSS (GiB)", lambda r: f"{r['peak_rss_gib']:.2f}"),
+        ("timed steps (after warm-up)", lambda r: f"{r['steps']} (+{r['warmup_steps']})"),
+        ("tokens / step", lambda r: f"{r['tokens_per_step']:,.0f}"),
+        ("tokens / s", lambda r: f"{r['tokens_per_s']:,.0f}"),
+        ("ms / step", lambda r: f"{r['step_ms']:.1f}"),
+        ("step: embedding lookup + update (ms)", lambda r: f"{r['lookup_update_ms']:.1f}"),
+        ("step: dense, the rest (ms)", lambda r: f"{r['dense_ms']:.1f}"),
+    ] + [(f"dense: {k} (ms)", (lambda k: lambda r: f"{r['breakdown_ms'][k]:.1f}")(k)) for k in
+         ("attention", "projections", "sampled_softmax", "optimizer", "overhead")] + [
+        ("MemAvailable before (GiB)", lambda r: f"{r['mem_available_gib_before']:.1f}"),
+        ("load average before -> after (1 min)",
+         lambda r: f"{r['loadavg_before'][0]:.1f} -> {r['loadavg_after'][0]:.1f}"),
+        ("threads", lambda r: str(r["threads"])),
+    ]
+    names = {"full": "`scale.py` (27K shape)", "quick": "`scale.py --quick`"}
+    out = ["| | " + " | ".join(names[c] for c in cols) + " |",
+           "|---|" + "---|" * len(cols)]
+    out += [f"| {label} | " + " | ".join(fn(docs[c]) for c in cols) + " |" for label, fn in rows]
+    return "\n".join(out)
+
+
+def load_results() -> Dict[str, Dict[str, Any]]:
+    """The committed result files that exist, by mode."""
+    out = {}
+    for mode, path in RESULTS.items():
+        if os.path.exists(path):
+            with open(path) as f:
+                out[mode] = json.load(f)
+    return out
+
+
+def documented(path: str = DOC) -> Any:
+    """docs/kuairand.md's ``scale`` section as it is now (None without one)."""
+    with open(path) as f:
+        return _section(f.read(), "scale")
+
+
+def update_doc(path: str = DOC) -> None:
+    """Rewrite docs/kuairand.md's ``scale`` section from the result files."""
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(_replace(text, "scale", markdown(load_results())))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="4M items, 8 timed steps (< 60 s idle)")
     ap.add_argument("--steps", type=int, default=0, help="timed steps (default: the mode's)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (default 1; 0 = torch's default)")
+    ap.add_argument("--doc", action="store_true",
+                    help="only rewrite docs/kuairand.md's section from the committed JSON")
     args = ap.parse_args()
+    if args.doc:
+        update_doc()
+        print(f"updated {DOC}")
+        return
     if args.steps < 0:
         ap.error(f"--steps: must be >= 0, got {args.steps}")
     if args.threads > 0:
