@@ -153,20 +153,22 @@ def run(mode: str, threads: int, steps_override: int = 0) -> Dict[str, Any]:
     load_before = os.getloadavg()
     avail_before = mem_available_bytes()
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     seqs = synthetic_27k_sequences(num_users, num_items, mean_len, cfg.model.max_seq_len + 2)
     split = leave_two_out(seqs)
     gen_s = time.perf_counter() - t0
-    phases["generate"] = {"seconds": gen_s, "rss_gib": rss_bytes() / 2**30}
+    phases["generate"] = {"seconds": gen_s, "cpu_s": time.process_time() - c0,
+                          "rss_gib": rss_bytes() / 2**30}
     print(f"generated {num_users} users x {num_items} items, {len(seqs.items)} events in "
           f"{gen_s:.1f}s", flush=True)
 
     need = table_bytes(num_items, cfg.model.table_dim)
     check_fits(need, mem_available_bytes())
     env = init_distributed("cpu")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     tr = Trainer(cfg, split, env, os.devnull, "hstu", 1e9, progress=False, log=lambda _m: None)
-    phases["build"] = {"seconds": time.perf_counter() - t0, "rss_gib": rss_bytes() / 2**30}
+    phases["build"] = {"seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+                       "rss_gib": rss_bytes() / 2**30}
     print(f"built the trainer in {phases['build']['seconds']:.1f}s "
           f"(RSS {phases['build']['rss_gib']:.2f} GiB)", flush=True)
     rec = OffsetsRecorder(tr.model.head)
@@ -184,9 +186,10 @@ def run(mode: str, threads: int, steps_override: int = 0) -> Dict[str, Any]:
             if k.startswith("stage_ms/"):
                 acc["stage_ms"].setdefault(k[len("stage_ms/"):], []).append(v)
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     tr.train_segment(0, warmup + steps, on_step)
-    phases["train"] = {"seconds": time.perf_counter() - t0, "rss_gib": rss_bytes() / 2**30}
+    phases["train"] = {"seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+                       "rss_gib": rss_bytes() / 2**30}
     load_after = os.getloadavg()
     stage_ms = {k: statistics.mean(v) for k, v in acc["stage_ms"].items()}
     step_ms = 1e3 * acc["seconds"] / acc["steps"]
@@ -220,6 +223,12 @@ def run(mode: str, threads: int, steps_override: int = 0) -> Dict[str, Any]:
     return result
 
 
+def _cpu(res: Dict[str, Any], phase: str) -> str:
+    """A phase's process CPU seconds, ``-`` in a result file written before they were kept."""
+    cpu = res["phases"][phase].get("cpu_s")
+    return "-" if cpu is None else f"{cpu:.1f}"
+
+
 def markdown(docs: Dict[str, Dict[str, Any]]) -> str:
     """docs/kuairand.md's ``scale`` section: one column per result file (``full``, ``quick``)."""
     cols = [m for m in ("full", "quick") if m in docs]
@@ -228,11 +237,14 @@ def markdown(docs: Dict[str, Dict[str, Any]]) -> str:
     rows = [
         ("items (table rows) x dim", lambda r: f"{r['num_items']:,} x {r['table_dim']}"),
         ("users / events (clicks)", lambda r: f"{r['num_users']:,} / {r['events']:,}"),
-        ("generation (s)", lambda r: f"{r['generation_s']:.1f}"),
+        ("generation: wall / process CPU (s)",
+         lambda r: f"{r['generation_s']:.1f} / {_cpu(r, 'generate')}"),
         ("table: fp32 weights + row-wise Adagrad (GB)", lambda r: (
             f"{r['table_bytes']['weights_fp32'] / 1e9:.2f} + "
             f"{r['table_bytes']['rowwise_adagrad_state'] / 1e9:.3f}")),
-        ("trainer build: planner, shard, init (s)", lambda r: f"{r['phases']['build']['seconds']:.1f}"),
+        ("trainer build (planner, shard, table init): wall / CPU (s)", lambda r: (
+            f"{r['phases']['build']['seconds']:.1f} / {_cpu(r, 'build')}")),
+        ("RSS after build (GiB)", lambda r: f"{r['phases']['build']['rss_gib']:.2f}"),
         ("peak RSS (GiB)", lambda r: f"{r['peak_rss_gib']:.2f}"),
         ("timed steps (after warm-up)", lambda r: f"{r['steps']} (+{r['warmup_steps']})"),
         ("tokens / step", lambda r: f"{r['tokens_per_step']:,.0f}"),
