@@ -254,6 +254,7 @@ def markdown(docs: Dict[str, Dict[str, Any]]) -> str:
         ("step: dense, the rest (ms)", lambda r: f"{r['dense_ms']:.1f}"),
     ] + [(f"dense: {k} (ms)", (lambda k: lambda r: f"{r['breakdown_ms'][k]:.1f}")(k)) for k in
          ("attention", "projections", "sampled_softmax", "optimizer", "overhead")] + [
+        ("loss: first -> last step", lambda r: f"{r['loss_first']:.2f} -> {r['loss_last']:.2f}"),
         ("MemAvailable before (GiB)", lambda r: f"{r['mem_available_gib_before']:.1f}"),
         ("load average before -> after (1 min)",
          lambda r: f"{r['loadavg_before'][0]:.1f} -> {r['loadavg_after'][0]:.1f}"),
