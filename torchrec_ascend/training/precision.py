@@ -37,7 +37,9 @@ def resolve_precision(precision: str, device: torch.device) -> Tuple[torch.dtype
         return torch.bfloat16, "train.precision=bf16"
     fast = _device.gemm_dtype_is_fast(torch.bfloat16, device)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        flag = torch.tensor([1 if fast else 0], dtype=torch.int64)
+        # gloo reduces host tensors; nccl / hccl need the flag on the device
+        on = "cpu" if dist.get_backend() == "gloo" else device
+        flag = torch.tensor([1 if fast else 0], dtype=torch.int64, device=on)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         fast = bool(flag[0])
     why = (_device.gemm_capability(device).reason if device.type == "cpu"
