@@ -46,6 +46,8 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from benchmarks.common import print_table, write_json  # noqa: E402
+from benchmarks.sample_runs import (run_description, sample_config,  # noqa: E402
+                                    sample_split, train_valid)
 
 MODES = ("sync", "k1", "k2", "k1w", "k2w")
 DEFAULT_MODES = MODES
@@ -68,8 +70,6 @@ def mode_overrides(mode: str, warmup: int) -> List[str]:
 
 def child(mode: str, seed: int, steps: int, eval_every: int, warmup: int) -> int:
     """One training run; prints its result as one ``RESULT {json}`` line."""
-    from benchmarks.sample_runs import sample_config, sample_split, train_valid
-
     env, split = sample_split(steps)
     cfg = sample_config(steps, [f"train.eval_every={eval_every}", f"train.seed={seed}"]
                         + mode_overrides(mode, warmup))
@@ -90,12 +90,11 @@ def stale_reads(seed: int, steps: int, ks: Sequence[int] = (1, 2)) -> Dict[str, 
     updated: every looked-up row gets a gradient)."""
     import numpy as np
 
-    from examples.kuairand.train import build_config
     from torchrec_ascend.sampling import make_sampler
     from torchrec_ascend.training.batches import BatchBuilder
     from torchrec_ascend.training.experiment import prepare_split
 
-    cfg = build_config("sample", [f"train.seed={seed}"])
+    cfg = sample_config(steps, [f"train.seed={seed}"])
     split = prepare_split(cfg)
     t = cfg.train
     builder = BatchBuilder(split, cfg.model.max_seq_len, t.batch_size, 0, 1, seed,
@@ -231,9 +230,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error("--modes: needs sync (every difference is paired with it)")
     if args.jobs < 1 or args.steps < 1 or args.eval_every < 1 or args.warmup < 0:
         ap.error("--jobs, --steps, --eval-every must be >= 1 and --warmup >= 0")
-    from examples.kuairand.train import build_config
-
-    base = build_config("sample", [])
+    base = sample_config(args.steps)
     if not os.path.exists(base.data.files[0]):
         print(f"skipped: {base.data.files[0]} is absent")
         return 0
@@ -263,11 +260,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "runs": [{"mode": r["mode"], "seed": r["seed"], "seconds": round(r["seconds"], 1),
                   "reused_from_runs_dir": "reused" in r,
                   "valid": r["valid"], "evals": r["evals"]} for r in runs],
-        "config": {"config": "examples/kuairand/configs/sample.json", "models": ["hstu"],
-                   "steps": args.steps, "eval_every": args.eval_every, "seeds": seeds,
-                   "modes": modes, "sync_warmup_steps": args.warmup, "jobs": args.jobs,
-                   "plateau": f"evaluations at steps >= {PLATEAU * args.steps:g}",
-                   "world_size": 1, "threads": 1, "quick": args.quick},
+        "config": {**run_description(args.steps, seeds, args.quick),
+                   "eval_every": args.eval_every, "modes": modes,
+                   "sync_warmup_steps": args.warmup, "jobs": args.jobs,
+                   "plateau": f"evaluations at steps >= {PLATEAU * args.steps:g}"},
         "load_average_before": round(load, 2), "load_average_after": round(os.getloadavg()[0], 2),
         "seconds": round(time.perf_counter() - t0, 1)})
     print(f"wrote {path}")
