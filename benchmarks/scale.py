@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from typing import Any, Dict, List
@@ -43,14 +42,13 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from benchmarks.common import RESULTS_DIR, print_table, write_json  # noqa: E402
-from benchmarks.train_breakdown import OffsetsRecorder, breakdown  # noqa: E402
+from benchmarks.train_breakdown import OffsetsRecorder, StageTimes, breakdown  # noqa: E402
 from docs.gen_ops import _replace, _section  # noqa: E402
 from torchrec_ascend.datasets import Sequences, peak_rss_mb  # noqa: E402
 from torchrec_ascend.datasets.schema import ACTION_BITS  # noqa: E402
 from torchrec_ascend.datasets.synthetic import SyntheticConfig, chain_sequences  # noqa: E402
 from torchrec_ascend.training import Trainer, config_from_dict, leave_two_out  # noqa: E402
 from torchrec_ascend.training.distributed import init_distributed  # noqa: E402
-from torchrec_ascend.training.pipelines import step_row  # noqa: E402
 
 CONFIG = os.path.join(REPO, "examples", "kuairand", "configs", "27k.json")
 DOC = os.path.join(REPO, "docs", "kuairand.md")
@@ -173,7 +171,7 @@ def run(mode: str, threads: int, steps_override: int = 0) -> Dict[str, Any]:
           f"(RSS {phases['build']['rss_gib']:.2f} GiB)", flush=True)
     rec = OffsetsRecorder(tr.model.head)
     acc: Dict[str, Any] = {"tokens": 0.0, "seconds": 0.0, "steps": 0, "loss": [],
-                           "stage_ms": {}}
+                           "stages": StageTimes()}
 
     def on_step(step: int, loss: float, stats: torch.Tensor, secs: float) -> None:
         acc["loss"].append(loss)
@@ -182,16 +180,14 @@ def run(mode: str, threads: int, steps_override: int = 0) -> Dict[str, Any]:
         acc["tokens"] += float(stats[1])
         acc["seconds"] += secs
         acc["steps"] += 1
-        for k, v in step_row(tr.pipeline.last_stats).items():
-            if k.startswith("stage_ms/"):
-                acc["stage_ms"].setdefault(k[len("stage_ms/"):], []).append(v)
+        acc["stages"].record(tr.pipeline)
 
     t0, c0 = time.perf_counter(), time.process_time()
     tr.train_segment(0, warmup + steps, on_step)
     phases["train"] = {"seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
                        "rss_gib": rss_bytes() / 2**30}
     load_after = os.getloadavg()
-    stage_ms = {k: statistics.mean(v) for k, v in acc["stage_ms"].items()}
+    stage_ms = acc["stages"].means()
     step_ms = 1e3 * acc["seconds"] / acc["steps"]
     parts = breakdown(step_ms, stage_ms, tr.model.head, rec.offsets, tr.compute_dtype,
                       cfg.train.num_negatives, split.num_items, min_run_time=0.2)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from typing import Any, Dict, List, Tuple
@@ -47,13 +46,12 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from benchmarks.common import heavy_tailed_lengths, print_table, write_json  # noqa: E402
-from benchmarks.train_breakdown import OffsetsRecorder, breakdown  # noqa: E402
+from benchmarks.train_breakdown import OffsetsRecorder, StageTimes, breakdown  # noqa: E402
 from torchrec_ascend.datasets import Sequences  # noqa: E402
 from torchrec_ascend.device import dtype_name, measure_gemm_gflops  # noqa: E402
 from torchrec_ascend.ops.hstu import cpu_bf16_gemm  # noqa: E402
 from torchrec_ascend.training import Trainer, config_from_dict, leave_two_out  # noqa: E402
 from torchrec_ascend.training.distributed import init_distributed  # noqa: E402
-from torchrec_ascend.training.pipelines import step_row  # noqa: E402
 
 _TRAIN = {"lr": 1e-3, "sparse_lr": 0.05, "temperature": 0.05, "sharding": "row_wise",
           "planner": "torchrec", "pipeline": "semi_async", "staleness": 0, "seed": 0,
@@ -117,7 +115,7 @@ def run_config(name: str, env, quick: bool) -> Tuple[List[Dict[str, Any]], Dict[
         trainers[f"{kind}/{precision}"] = Trainer(cfg, split, env, os.devnull, kind, 1e9,
                                                   progress=False, log=lambda _m: None)
     acc = {k: {"tokens": 0.0, "flops": 0.0, "seconds": 0.0, "steps": 0, "loss": float("nan"),
-               "stage_ms": {}} for k in trainers}
+               "stages": StageTimes()} for k in trainers}
     steps = {k: 0 for k in trainers}
     recorders = {k: OffsetsRecorder(t.model.head) for k, t in trainers.items()}
 
@@ -131,9 +129,7 @@ def run_config(name: str, env, quick: bool) -> Tuple[List[Dict[str, Any]], Dict[
                 a["flops"] += float(stats[2])
                 a["seconds"] += secs
                 a["steps"] += 1
-                for k, v in step_row(tr.pipeline.last_stats).items():
-                    if k.startswith("stage_ms/"):
-                        a["stage_ms"].setdefault(k[len("stage_ms/"):], []).append(v)
+                a["stages"].record(tr.pipeline)
 
         steps[key] = tr.train_segment(steps[key], steps[key] + n, on_step)
 
@@ -152,7 +148,7 @@ def run_config(name: str, env, quick: bool) -> Tuple[List[Dict[str, Any]], Dict[
         tr = trainers[key]
         kind, _ = key.split("/")
         dtype = tr.compute_dtype
-        stage_ms = {k: statistics.mean(v) for k, v in a["stage_ms"].items()}
+        stage_ms = a["stages"].means()
         step_ms = 1e3 * a["seconds"] / a["steps"]
         parts = breakdown(step_ms, stage_ms, tr.model.head, recorders[key].offsets, dtype,
                           tr.cfg.train.num_negatives, tr.split.num_items,

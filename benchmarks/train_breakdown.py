@@ -19,6 +19,7 @@ dtype casts under autocast, autograd and pipeline bookkeeping, batch building an
 
 from __future__ import annotations
 
+import statistics
 from typing import Callable, Dict, List, Sequence
 
 import torch
@@ -27,7 +28,7 @@ from benchmarks.side_by_side import interleaved
 from torchrec_ascend.ops.hstu import hstu_mha
 from torchrec_ascend.sampling import NegativeSample
 
-__all__ = ["OffsetsRecorder", "dense_part_fns", "breakdown"]
+__all__ = ["OffsetsRecorder", "StageTimes", "dense_part_fns", "breakdown"]
 
 
 class OffsetsRecorder:
@@ -43,6 +44,26 @@ class OffsetsRecorder:
 
     def close(self) -> None:
         self.handle.remove()
+
+
+class StageTimes:
+    """The pipeline's per-stage milliseconds of every recorded step (``step_row``'s
+    ``stage_ms/<stage>`` entries of ``pipeline.last_stats``)."""
+
+    def __init__(self) -> None:
+        self.ms: Dict[str, List[float]] = {}
+
+    def record(self, pipeline) -> None:
+        """Add the stage times of the step ``pipeline`` ran last."""
+        from torchrec_ascend.training.pipelines import step_row
+
+        for k, v in step_row(pipeline.last_stats).items():
+            if k.startswith("stage_ms/"):
+                self.ms.setdefault(k[len("stage_ms/"):], []).append(v)
+
+    def means(self) -> Dict[str, float]:
+        """Mean ms per step of every stage."""
+        return {k: statistics.mean(v) for k, v in self.ms.items()}
 
 
 def _attention(enc, offsets: torch.Tensor, dtype: torch.dtype, g: torch.Generator) -> Callable[[], None]:
