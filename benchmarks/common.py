@@ -30,8 +30,12 @@ def machine_info() -> Dict[str, object]:
                     break
     except OSError:
         pass
+    from torchrec_ascend.device import cpu_flags
+
+    isa = sorted(f for f in cpu_flags() if f in ("avx2", "fma") or f.startswith(("avx512", "amx")))
     return {
         "cpu": cpu,
+        "cpu_isa": isa,  # the vector/matrix extensions that decide GEMM speed per dtype
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,

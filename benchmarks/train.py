@@ -94,9 +94,37 @@ def synthetic_split(max_seq_len: int, num_users: int, num_items: int, seed: int 
 
 
 def peaks() -> Dict[torch.dtype, float]:
-    """GFLOP/s of a ``PEAK_N``^3 GEMM in fp32 and bf16, interleaved, now."""
-    return measure_gemm_gflops("cpu", (torch.float32, torch.bfloat16), n=PEAK_N,
-                               min_run_time=0.3, rounds=2)
+    """GFLOP/s of a ``PEAK_N``^3 GEMM in fp32 and bf16, interleaved, now.
+
+    A 256^3 probe first: a dtype below a quarter of fp32's rate there (bf16 on an AVX2-only CPU,
+    ~0.5 GFLOP/s: one 2048^3 call would take half a minute) keeps its probe rate as its peak.
+    """
+    dtypes = (torch.float32, torch.bfloat16)
+    probe = measure_gemm_gflops("cpu", dtypes, n=256, min_run_time=0.05, rounds=1)
+    fast = [dt for dt in dtypes if probe[dt] >= 0.25 * probe[torch.float32]]
+    rates = measure_gemm_gflops("cpu", fast, n=PEAK_N, min_run_time=0.3, rounds=2)
+    return {dt: rates.get(dt, probe[dt]) for dt in dtypes}
+
+
+def runnable_contenders(contenders: List[Tuple[str, str]], peak: Dict[torch.dtype, float]
+                        ) -> Tuple[List[Tuple[str, str]], Dict[str, str]]:
+    """The contenders worth timing here, and why the others are not.
+
+    A bf16 contender is skipped where this run's bf16 GEMM peak is below a quarter of the fp32
+    one (an AVX2-only CPU: bf16 GEMMs are emulated, ~100x slower): ``train.precision = "auto"``
+    trains in fp32 there, so a bf16 row would time a configuration no run uses, for minutes.
+    """
+    keep: List[Tuple[str, str]] = []
+    skipped: Dict[str, str] = {}
+    slow = peak[torch.bfloat16] < 0.25 * peak[torch.float32]
+    for kind, precision in contenders:
+        if precision == "bf16" and slow:
+            skipped[f"{kind}/{precision}"] = (
+                f"bf16 GEMM peak {peak[torch.bfloat16]:.2f} GFLOP/s < 1/4 of fp32's "
+                f"{peak[torch.float32]:.1f}: precision=auto trains in fp32 on this CPU")
+        else:
+            keep.append((kind, precision))
+    return keep, skipped
 
 
 def run_config(name: str, env, quick: bool) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
@@ -106,8 +134,10 @@ def run_config(name: str, env, quick: bool) -> Tuple[List[Dict[str, Any]], Dict[
                                  ("paper", True): (1, 2, 1), ("paper", False): (2, 3, 2)}[
         (name, quick)]
     split = synthetic_split(spec["model"]["max_seq_len"], spec["num_users"], spec["num_items"])
+    peak_before = peaks()
+    contenders, skipped = runnable_contenders(spec["contenders"], peak_before)
     trainers: Dict[str, Trainer] = {}
-    for kind, precision in spec["contenders"]:
+    for kind, precision in contenders:
         cfg = config_from_dict({"data": {"source": "table", "files": ["synthetic"]},
                                 "model": spec["model"],
                                 "train": dict(spec["train"], precision=precision),
@@ -133,7 +163,6 @@ def run_config(name: str, env, quick: bool) -> Tuple[List[Dict[str, Any]], Dict[
 
         steps[key] = tr.train_segment(steps[key], steps[key] + n, on_step)
 
-    peak_before = peaks()
     t0 = time.perf_counter()
     for key in trainers:
         run(key, warmup, record=False)
@@ -172,8 +201,10 @@ def run_config(name: str, env, quick: bool) -> Tuple[List[Dict[str, Any]], Dict[
                          "alternating": True, "pipeline": "semi_async", "staleness": 0},
             "peak_gemm_gflops_before": {dtype_name(d): v for d, v in peak_before.items()},
             "peak_gemm_gflops_after": {dtype_name(d): v for d, v in peak_after.items()},
-            "wall_s": wall, "model": spec["model"], "train": spec["train"],
+            "skipped": skipped, "wall_s": wall, "model": spec["model"], "train": spec["train"],
             "num_items": spec["num_items"], "num_users": spec["num_users"]}
+    for key, why in skipped.items():
+        print(f"[{name}] {key} not timed: {why}")
     print(f"[{name}] peak GEMM GFLOP/s before {info['peak_gemm_gflops_before']}, after "
           f"{info['peak_gemm_gflops_after']} ({torch.get_num_threads()} thread(s)); {rounds} "
           f"alternating rounds of {per_round} steps after {warmup} warm-up steps each, {wall:.1f}s")
