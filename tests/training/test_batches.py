@@ -10,7 +10,7 @@ pytest.importorskip("torchrec")
 
 from torchrec_ascend.distributed.load_balance import HSTUCostModel  # noqa: E402
 from torchrec_ascend.sampling import PopularitySampler, step_generator  # noqa: E402
-from torchrec_ascend.training.batches import BatchBuilder, BatchOrder  # noqa: E402
+from torchrec_ascend.training.batches import BatchBuilder, BatchOrder, distinct_ids  # noqa: E402
 from torchrec_ascend.training.config import ConfigError  # noqa: E402
 from torchrec_ascend.training.split import leave_two_out  # noqa: E402
 
@@ -211,3 +211,12 @@ def test_per_position_gradients_sum_over_ranks(split):
     torch.testing.assert_close(t2, t1, rtol=1e-5, atol=1e-6)
     for a, b in zip(d2, d1):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_distinct_ids_equal_torch_unique():
+    g = torch.Generator().manual_seed(5)
+    for shape, n in (((7, 5), 9), ((0, 3), 4), ((40, 16), 1000)):
+        ids = torch.randint(n, shape, generator=g)
+        uniq, inv = distinct_ids(ids, n)
+        want_u, want_inv = torch.unique(ids, return_inverse=True)
+        assert torch.equal(uniq, want_u) and torch.equal(inv, want_inv)
