@@ -1,13 +1,13 @@
 """The generative-retrieval model: item ``EmbeddingCollection`` + optional action features + a
 sequence encoder (HSTU from :mod:`torchrec_ascend.modules`, or the SASRec baseline) + sampled
-softmax over a shared negative pool.
+softmax over a shared negative pool or per-query negatives (``SequenceBatch.neg_index``).
 
     model = GenerativeRetrieval(num_items, ModelConfig(embedding_dim=50), encoder="hstu")
     loss, (loss_value, stats) = model(batch)        # batch: SequenceBatch with kjt
 
 Structure (what TorchRec's train pipelines need): ``model.ec`` is the only sparse module (one
-table ``item_table``, features ``item`` = the sequences and ``neg`` = the negative pool, so one
-sharded lookup serves both); ``model.head`` (:class:`SequenceHead`) holds every dense parameter
+table ``item_table``, features ``item`` = the sequences and ``neg`` = the negative pool, or the
+distinct ids of the per-query negatives, so one sharded lookup serves both); ``model.head`` (:class:`SequenceHead`) holds every dense parameter
 and contains no sparse module, so the pipeline's tracer treats it as a leaf and the model's
 ``forward`` is ``head(ec(batch.kjt), batch)``.
 
