@@ -248,3 +248,20 @@ def test_start_step_continues_the_step_sequence():
     assert all(torch.equal(g, w) for (_, g), w in zip(got, want[3:]))
     with pytest.raises(ValueError, match="start_step: must be an integer >= 0"):
         AsyncNegativePrefetcher(UniformSampler(50), 5, start_step=-1)
+
+
+def test_per_token_only_prefetch():
+    """``num_negatives=0``: no shared pool, only K per token, the sampler's draw with the
+    step's generator; 0 and 0 is an error."""
+    from torchrec_ascend.sampling import step_generator
+
+    pos = _batches(3, seed=6)
+    with AsyncNegativePrefetcher(UniformSampler(N), 0, per_token_negatives=5, seed=4,
+                                 device="cpu") as pf:
+        got = list(pf.prefetch(pos, lambda p: p))
+    for step, (p, n) in enumerate(got):
+        assert n.negatives is None and n.neg_emb is None and n.extra_negatives.ids.shape == (T, 5)
+        want = UniformSampler(N).sample_per_token(p, 5, step_generator(4, step))
+        assert torch.equal(n.extra_negatives.ids, want.ids)
+    with pytest.raises(ValueError, match="num_negatives: 0 .* needs per_token_negatives >= 1"):
+        AsyncNegativePrefetcher(UniformSampler(N), 0, per_token_negatives=0, device="cpu")

@@ -10,7 +10,7 @@ pytest.importorskip("torchrec")
 
 from torchrec_ascend.distributed.load_balance import HSTUCostModel  # noqa: E402
 from torchrec_ascend.sampling import PopularitySampler, step_generator  # noqa: E402
-from torchrec_ascend.training.batches import BatchBuilder, BatchOrder  # noqa: E402
+from torchrec_ascend.training.batches import BatchBuilder, BatchOrder, distinct_ids  # noqa: E402
 from torchrec_ascend.training.config import ConfigError  # noqa: E402
 from torchrec_ascend.training.split import leave_two_out  # noqa: E402
 
@@ -23,12 +23,12 @@ def split():
     return leave_two_out(seqs(rng.integers(3, 30, 60).tolist(), seed=2, num_items=40))
 
 
-def builder(split, rank=0, world=1, batch=8, balance="none", ahead=False):
+def builder(split, rank=0, world=1, batch=8, balance="none", ahead=False, negatives="shared"):
     counts = torch.from_numpy(split.item_counts()).float() + 1
     cost = HSTUCostModel(1.0, 0.05) if balance != "none" else None
     return BatchBuilder(split, 10, batch, rank, world, seed=7, sampler=PopularitySampler(counts),
                         num_negatives=12, balance=balance, cost_model=cost, prefetch=False,
-                        balance_ahead=ahead)
+                        balance_ahead=ahead, negatives=negatives)
 
 
 def test_order_is_a_pure_function_of_seed_and_step(split):
@@ -114,3 +114,109 @@ def test_all_to_all_builds_one_step_ahead_on_a_worker_and_delivers_the_same_batc
     assert inline.last_wait_s is None  # inline: nothing to wait for
     with pytest.raises(ValueError, match="balance_ahead: needs balance='all_to_all', got 'none'"):
         builder(split, ahead=True)
+
+
+def _query_keys(batch):
+    """(user, position in the window) of every query of a batch, in token order."""
+    keys = []
+    for u, a, b in zip(batch.users.tolist(), batch.offsets[:-1].tolist(), batch.offsets[1:].tolist()):
+        keys += [(u, i) for i in range(b - a - 1)]
+    return keys
+
+
+@pytest.mark.parametrize("balance", ["none", "collator"])
+def test_per_position_rows_follow_their_queries(split, balance):
+    """Per-position negatives: each rank's queries get exactly the rows the global sample drew
+    for them (the distinct ids in ``neg``, ``neg_index`` into them), from the stream's step
+    generator; the union over ranks is the global sample."""
+    whole = builder(split, negatives="per_position")
+    parts = [builder(split, r, 2, batch=4, balance=balance, negatives="per_position")
+             for r in range(2)]
+    streams = [list(p.stream(0, 3)) for p in parts]
+    for step, one in enumerate(whole.stream(0, 3)):
+        gb = whole.global_batch(step)
+        want = whole.sampler.sample_per_token(gb.pos_ids, 12, step_generator(7, step))
+        pool = one.kjt["neg"].values()
+        assert torch.equal(pool, torch.unique(pool))  # distinct ids, each looked up once
+        assert one.neg_index.shape == (gb.num_queries, 12)
+        assert torch.equal(pool[one.neg_index], want.ids)
+        torch.testing.assert_close(one.neg_log_q, want.log_q)
+        by_key = dict(zip(_query_keys(one), want.ids))
+        seen = 0
+        for rank_batches in streams:
+            b = rank_batches[step]
+            ids = b.kjt["neg"].values()[b.neg_index]
+            for key, row in zip(_query_keys(b), ids):
+                assert torch.equal(row, by_key[key]), key
+                seen += 1
+            assert float(b.loss_scale) == pytest.approx(1.0 / gb.num_queries)
+        assert seen == gb.num_queries
+    with pytest.raises(ValueError, match=r"negatives: 'x' is not one of \['shared', 'per_position'\]"):
+        builder(split, negatives="x")
+
+
+def test_per_position_through_all_to_all_matches_none(split):
+    """The per-query rows travel with their tokens through the all_to_all balancer (world 1:
+    it reorders nothing): the same batches as without it."""
+    a = list(builder(split, negatives="per_position").stream(0, 2))
+    b = list(builder(split, balance="all_to_all", negatives="per_position").stream(0, 2))
+    for x, y in zip(a, b):
+        ix = x.kjt["neg"].values()[x.neg_index]
+        iy = y.kjt["neg"].values()[y.neg_index]
+        assert torch.equal(x.items, y.items) and torch.equal(ix, iy)
+
+
+class _Lookup:
+    def __init__(self, values: torch.Tensor) -> None:
+        self._v = values
+
+    def values(self) -> torch.Tensor:
+        return self._v
+
+
+def test_per_position_gradients_sum_over_ranks(split):
+    """The model's head on each rank's per-position batch (its distinct ids looked up from a
+    plain table): the ranks' gradients of the table and of the dense part sum to the
+    single-process gradient of the global batch."""
+    from torchrec_ascend.models.config import ModelConfig
+    from torchrec_ascend.models.generative_retrieval import SequenceHead
+    from torchrec_ascend.sampling import UniformSampler
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(embedding_dim=8, num_layers=1, num_heads=2, attention_dim=4, linear_dim=4,
+                      max_seq_len=10, dropout=0.0)
+    head = SequenceHead(cfg, "hstu", 0.05)
+    table = torch.randn(split.num_items, cfg.table_dim, generator=torch.Generator().manual_seed(1))
+
+    def grads(world):
+        g_table = torch.zeros(table.shape, dtype=torch.float64)
+        g_dense = [torch.zeros(p.shape, dtype=torch.float64) for p in head.parameters()]
+        for rank in range(world):
+            b = BatchBuilder(split, 10, 8 // world, rank, world, seed=7,
+                             sampler=UniformSampler(split.num_items), num_negatives=16,
+                             prefetch=False, negatives="per_position")
+            batch = next(iter(b.stream(2, 3)))
+            b.close()
+            t = table.clone().requires_grad_(True)
+            lookups = {f: _Lookup(t[batch.kjt[f].values()]) for f in ("item", "neg")}
+            head.zero_grad()
+            head(lookups, batch)[0].backward()
+            g_table += t.grad.double()
+            for acc, p in zip(g_dense, head.parameters()):
+                acc += p.grad.double()
+        return g_table, g_dense
+
+    (t1, d1), (t2, d2) = grads(1), grads(2)
+    assert t1.abs().max() > 0
+    torch.testing.assert_close(t2, t1, rtol=1e-5, atol=1e-6)
+    for a, b in zip(d2, d1):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_distinct_ids_equal_torch_unique():
+    g = torch.Generator().manual_seed(5)
+    for shape, n in (((7, 5), 9), ((0, 3), 4), ((40, 16), 1000)):
+        ids = torch.randint(n, shape, generator=g)
+        uniq, inv = distinct_ids(ids, n)
+        want_u, want_inv = torch.unique(ids, return_inverse=True)
+        assert torch.equal(uniq, want_u) and torch.equal(inv, want_inv)

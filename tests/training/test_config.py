@@ -27,7 +27,7 @@ def test_defaults_are_valid_and_dims_pad_to_4():
     assert cfg.model.table_dim == 52 and cfg.model.embedding_dim == 50
     assert make(model={"embedding_dim": 64}).model.table_dim == 64
     assert cfg.train.pipeline == "sparse_dist" and cfg.train.balance == "none"
-    assert cfg.train.precision == "fp32"
+    assert cfg.train.precision == "fp32" and cfg.train.negatives == "shared"
     assert make(train={"precision": "auto"}).train.precision == "auto"
 
 
@@ -41,6 +41,7 @@ def test_defaults_are_valid_and_dims_pad_to_4():
     ("train", {"steps": 5, "epochs": 2}, "train.steps: 5 given together with train.epochs=2.0"),
     ("train", {"lr": 0}, "train.lr: 0.0 is not > 0"),
     ("train", {"planner": "magic"}, "train.planner: 'magic' is not one of ['torchrec', 'hierarchical']"),
+    ("train", {"negatives": "pool"}, "train.negatives: 'pool' is not one of ['shared', 'per_position']"),
     ("train", {"balance": "x"}, "train.balance: 'x' is not one of ['none', 'collator', 'all_to_all']"),
     ("train", {"balance_ahead": True}, "train.balance_ahead: needs train.balance='all_to_all' (got 'none')"),
     ("train", {"pipeline": "x"}, "train.pipeline: 'x' is not one of ['sync', 'sparse_dist', "
@@ -101,5 +102,5 @@ def test_yaml_and_json_files_load_the_same(tmp_path):
 def test_named_reference_config():
     cfg, _ = load_config("reference", ["data.files=[\"e.csv\"]"])
     assert (cfg.model.embedding_dim, cfg.model.table_dim, cfg.model.num_heads,
-            cfg.model.max_seq_len, cfg.train.batch_size, cfg.train.num_negatives) == \
-        (50, 52, 1, 200, 128, 128)
+            cfg.model.max_seq_len, cfg.train.batch_size, cfg.train.negatives,
+            cfg.train.num_negatives) == (50, 52, 1, 200, 128, "per_position", 128)

@@ -10,7 +10,11 @@ int64 (row of each sequence in the split; error messages name them).  Training a
 ``KeyedJaggedTensor``: ``item`` = the sequences, ``neg`` = the step's shared negative pool, all
 in the first row), ``pos_log_q [T]`` (logQ of the token's next item; 0 for last tokens),
 ``neg_log_q [R]`` and ``loss_scale`` (a 0-dim tensor, 1 / queries of the *global* batch, so the
-gradients summed over ranks equal the single-process gradient).
+gradients summed over ranks equal the single-process gradient).  With per-position negatives
+(``train.negatives = "per_position"``) ``neg`` holds the distinct ids of the batch's ``[Q, K]``
+per-query negatives (each looked up once), ``neg_index [Q, K]`` int64 points every query's
+negatives into them, and ``neg_log_q`` is ``[Q, K]`` (Q = the batch's queries, in token
+order); ``neg_index`` is None for a shared pool.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class SequenceBatch(Pipelineable):
     pos_log_q: Optional[torch.Tensor] = None
     neg_log_q: Optional[torch.Tensor] = None
     loss_scale: Optional[torch.Tensor] = None
+    neg_index: Optional[torch.Tensor] = None
 
     @property
     def num_tokens(self) -> int:

@@ -1,13 +1,13 @@
 """The generative-retrieval model: item ``EmbeddingCollection`` + optional action features + a
 sequence encoder (HSTU from :mod:`torchrec_ascend.modules`, or the SASRec baseline) + sampled
-softmax over a shared negative pool.
+softmax over a shared negative pool or per-query negatives (``SequenceBatch.neg_index``).
 
     model = GenerativeRetrieval(num_items, ModelConfig(embedding_dim=50), encoder="hstu")
     loss, (loss_value, stats) = model(batch)        # batch: SequenceBatch with kjt
 
 Structure (what TorchRec's train pipelines need): ``model.ec`` is the only sparse module (one
-table ``item_table``, features ``item`` = the sequences and ``neg`` = the negative pool, so one
-sharded lookup serves both); ``model.head`` (:class:`SequenceHead`) holds every dense parameter
+table ``item_table``, features ``item`` = the sequences and ``neg`` = the negative pool, or the
+distinct ids of the per-query negatives, so one sharded lookup serves both); ``model.head`` (:class:`SequenceHead`) holds every dense parameter
 and contains no sparse module, so the pipeline's tracer treats it as a leaf and the model's
 ``forward`` is ``head(ec(batch.kjt), batch)``.
 
@@ -164,10 +164,16 @@ class SequenceHead(nn.Module):
         neg_ids = batch.kjt["neg"].values()  # type: ignore[index]
         seq = self.encode(emb, batch.offsets, batch.timestamps, batch.actions)
         q = query_positions(batch.offsets, items.numel())
+        idx = batch.neg_index
+        if idx is None:  # one shared pool
+            num_negatives = int(neg_ids.numel())
+        else:  # per-query negatives: distinct ids looked up once, indexed per query
+            neg_ids, num_negatives = neg_ids[idx], int(idx.shape[1])
         sample = NegativeSample(neg_ids, batch.neg_log_q, batch.pos_log_q[q])
-        loss = self.loss_fn(seq[q], items[q + 1], emb[q + 1], sample, neg_emb) * batch.loss_scale
+        loss = self.loss_fn(seq[q], items[q + 1], emb[q + 1], sample, neg_emb,
+                            neg_index=idx) * batch.loss_scale
         stats = torch.tensor([float(q.numel()), float(items.numel()),
-                              self.step_flops(batch.offsets, int(neg_ids.numel()))],
+                              self.step_flops(batch.offsets, num_negatives)],
                              dtype=torch.float64)
         return loss, (loss.detach(), stats)
 

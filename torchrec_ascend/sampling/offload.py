@@ -54,14 +54,15 @@ class PrefetchedNegatives:
 
     Attributes:
         step: the step index (``start_step``, ``start_step + 1``, ... in submission order).
-        negatives: the shared pool (ids ``[R]``) on the target device.
+        negatives: the shared pool (ids ``[R]``) on the target device; None when the
+            prefetcher samples per-token negatives only (``num_negatives=0``).
         neg_emb: ``lookup_fn(negatives.ids)`` (``[R, D]``), or None without ``lookup_fn``.
         extra_negatives: per-token negatives (ids ``[T, K]``) when ``per_token_negatives > 0``.
         extra_neg_emb: ``lookup_fn`` of those ids (``[T, K, D]``), or None.
     """
 
     step: int
-    negatives: NegativeSample
+    negatives: Optional[NegativeSample]
     neg_emb: Optional[torch.Tensor] = None
     extra_negatives: Optional[NegativeSample] = None
     extra_neg_emb: Optional[torch.Tensor] = None
@@ -72,7 +73,8 @@ class AsyncNegativePrefetcher:
 
     Args:
         sampler: any :class:`~torchrec_ascend.sampling.samplers.NegativeSampler`.
-        num_negatives: R, size of the shared pool per step.
+        num_negatives: R, size of the shared pool per step (0: no shared pool, only
+            per-token negatives; then ``per_token_negatives`` must be >= 1).
         lookup_fn: ``ids -> embeddings`` (e.g. ``lambda ids: item_emb(ids)``); None: ids only.
         per_token_negatives: K extra per-token negatives per token (0: none).
         seed: base seed; step i uses :func:`step_generator` ``(seed, i)``.
@@ -98,9 +100,15 @@ class AsyncNegativePrefetcher:
         if not isinstance(sampler, NegativeSampler):
             raise ValueError(f"sampler: expected a NegativeSampler, got {type(sampler).__name__}")
         self.sampler = sampler
-        self.num_negatives = _check_count("num_negatives", num_negatives)
         if per_token_negatives < 0:
             raise ValueError(f"per_token_negatives: must be >= 0, got {per_token_negatives}")
+        if type(num_negatives) is int and num_negatives == 0:
+            if not per_token_negatives:
+                raise ValueError("num_negatives: 0 (no shared pool) needs per_token_negatives "
+                                 ">= 1, got 0")
+            self.num_negatives = 0  # per-token negatives only
+        else:
+            self.num_negatives = _check_count("num_negatives", num_negatives)
         self.per_token_negatives = per_token_negatives
         self.max_pending = _check_count("max_pending", max_pending)
         self.lookup_fn = lookup_fn
@@ -122,15 +130,16 @@ class AsyncNegativePrefetcher:
     def _work(self, step: int, pos_ids: torch.Tensor) -> Tuple[PrefetchedNegatives, object]:
         gen = step_generator(self.seed, step)
         host_ids = pos_ids.cpu()
-        neg = self.sampler.sample(host_ids, self.num_negatives, gen)
+        neg = (self.sampler.sample(host_ids, self.num_negatives, gen)
+               if self.num_negatives else None)
         extra = (self.sampler.sample_per_token(host_ids, self.per_token_negatives, gen)
                  if self.per_token_negatives else None)
         on_host = self.device.type == "cpu"
         if not on_host and self._stream is not None:
-            neg = neg.pin_memory()
+            neg = neg.pin_memory() if neg is not None else None
             extra = extra.pin_memory() if extra is not None else None
         with _device.stream_context(self._stream):
-            neg = neg.to(self.device, non_blocking=not on_host)
+            neg = neg.to(self.device, non_blocking=not on_host) if neg is not None else None
             extra = extra.to(self.device, non_blocking=not on_host) if extra is not None else None
             out = PrefetchedNegatives(step, neg, extra_negatives=extra)
             if self.lookup_fn is not None and self.lookup_in_background:
@@ -142,7 +151,8 @@ class AsyncNegativePrefetcher:
 
     def _lookup(self, out: PrefetchedNegatives) -> None:
         assert self.lookup_fn is not None
-        out.neg_emb = self.lookup_fn(out.negatives.ids)
+        if out.negatives is not None:
+            out.neg_emb = self.lookup_fn(out.negatives.ids)
         if out.extra_negatives is not None:
             out.extra_neg_emb = self.lookup_fn(out.extra_negatives.ids)
 
@@ -180,14 +190,13 @@ class AsyncNegativePrefetcher:
         if event is not None:
             cur = _device.current_stream(self.device)
             event.wait(cur)
-            for t in (out.negatives.ids, out.negatives.log_q, out.negatives.pos_log_q,
-                      out.neg_emb, out.extra_neg_emb):
+            for t in (out.neg_emb, out.extra_neg_emb):
                 if t is not None:
                     _device.record_stream(t, cur)
-            if out.extra_negatives is not None:
-                for t in (out.extra_negatives.ids, out.extra_negatives.log_q,
-                          out.extra_negatives.pos_log_q):
-                    _device.record_stream(t, cur)
+            for s in (out.negatives, out.extra_negatives):
+                if s is not None:
+                    for t in (s.ids, s.log_q, s.pos_log_q):
+                        _device.record_stream(t, cur)
         if self.lookup_fn is not None and not self.lookup_in_background:
             self._lookup(out)
         return out

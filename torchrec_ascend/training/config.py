@@ -23,7 +23,8 @@ from ..models.config import ENCODERS, NORMALIZATIONS, ModelConfig
 
 __all__ = [
     "ConfigError", "DataConfig", "TrainConfig", "EvalConfig", "ExperimentConfig", "ModelConfig",
-    "CONFIG_DIR", "DATA_SOURCES", "PLANNERS", "BALANCE_MODES", "DEFAULT_EPOCHS", "apply_overrides",
+    "CONFIG_DIR", "DATA_SOURCES", "PLANNERS", "BALANCE_MODES", "NEGATIVE_MODES", "DEFAULT_EPOCHS",
+    "apply_overrides",
     "config_from_dict", "load_config", "read_config_file",
 ]
 
@@ -32,6 +33,7 @@ PLANNERS = ("torchrec", "hierarchical")
 BALANCE_MODES = ("none", "collator", "all_to_all")
 SHARDINGS = ("row_wise", "table_wise")
 SAMPLERS = ("uniform", "popularity", "in_batch", "mixed")
+NEGATIVE_MODES = ("shared", "per_position")
 DEFAULT_EPOCHS = 5
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
@@ -83,8 +85,12 @@ class TrainConfig:
     over the trainable users in global batches of ``batch_size x world`` users.  lr /
     weight_decay / clip_grad_norm: AdamW for the dense part (clip_grad_norm None or 0: no
     clipping).  sparse_lr: row-wise Adagrad of the item table (fused into the backward).
-    num_negatives / sampler / temperature: the shared negative pool and sampled softmax (2048:
-    chosen on the validation splits of the KuaiRand sample and ML-1M, docs/movielens.md).
+    negatives / num_negatives / sampler / temperature: the sampled softmax's negatives and
+    temperature.  negatives ``shared`` (default): one pool of ``num_negatives`` = R ids per step
+    for every query (2048: chosen on the validation splits of the KuaiRand sample and ML-1M,
+    docs/movielens.md); ``per_position``: ``num_negatives`` = K ids drawn for every query
+    position on its own (Meta's reference protocol; a negative equal to the position's positive
+    is masked).
     log_every / eval_every / checkpoint_every: in steps (0: never; evaluation and a checkpoint
     always happen at the end).  early_stopping_patience: stop after this many validation
     evaluations without improvement of ``eval.metric`` (0: never).  planner: ``torchrec``
@@ -113,6 +119,7 @@ class TrainConfig:
     sparse_lr: float = 0.05
     weight_decay: float = 0.0
     clip_grad_norm: Optional[float] = 1.0
+    negatives: str = "shared"
     num_negatives: int = 2048
     sampler: str = "uniform"
     temperature: float = 0.05
@@ -314,6 +321,7 @@ def _validate(cfg: ExperimentConfig) -> None:
         raise ConfigError("train.weight_decay", f"{t.weight_decay} is not >= 0")
     if t.clip_grad_norm is not None and t.clip_grad_norm < 0:
         raise ConfigError("train.clip_grad_norm", f"{t.clip_grad_norm} is not >= 0 (or null)")
+    _one_of("train.negatives", t.negatives, NEGATIVE_MODES)
     _positive_int("train.num_negatives", t.num_negatives)
     _one_of("train.sampler", t.sampler, SAMPLERS)
     for k in ("log_every", "eval_every", "checkpoint_every", "early_stopping_patience",

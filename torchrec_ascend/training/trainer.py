@@ -172,7 +172,8 @@ class Trainer:
             self.split, self.cfg.model.max_seq_len, t.batch_size, env.rank, env.world_size,
             t.seed, sampler, t.num_negatives, t.balance,
             cost_model_for(self.kind, self.cfg.model) if t.balance != "none" else None,
-            prefetch=t.prefetch, balance_group=self._balance_group(), balance_ahead=t.balance_ahead)
+            prefetch=t.prefetch, balance_group=self._balance_group(), balance_ahead=t.balance_ahead,
+            negatives=t.negatives)
         self.total = total_steps(self.cfg, self.builder.order.steps_per_epoch)
         self.sharding_type = self.plan.plan["ec"][TABLE].sharding_type
         self.num_dense = n_dense
