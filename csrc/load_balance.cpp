@@ -324,9 +324,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lb_exchan
 }
 
 // Inverse of lb_exchange_pack on the receiving side: rows int64 [K, world] rows of every kind from
-// every peer (kinds[f]: the row of field f: the recv half of lb_exchange_pack's table without its
-// bytes row, kinds[f] = 1 + groups[f]); like[f] a tensor of field f's dtype and trailing shape (any
-// first dimension).  Returns one tensor per field (like[f]'s dtype, [rows, *trailing]), peers in order.
+// every peer, kinds[f] field f's row of it (packing.unpack passes the recv half of lb_exchange_pack's
+// table and kinds[f] = 2 + groups[f]); like[f] a tensor of field f's dtype and trailing shape (any
+// first dimension).  Returns one tensor per field (like[f]'s dtype, [rows, *trailing]), peers in
+// order.
 std::vector<at::Tensor> lb_unpack(const at::Tensor& buf, const std::vector<at::Tensor>& like,
                                   const std::vector<int64_t>& kinds, const at::Tensor& rows, int64_t align) {
   check_cpu_1d(buf, at::kByte, "buf");

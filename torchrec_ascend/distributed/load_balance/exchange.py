@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from .assign import RankPlanner
+from .cost import HSTUCostModel
 from .packing import ExchangePlan, Field, plan_pack, scatter_rows, to_bytes, token_index, unpack
 
 __all__ = ["AllToAllBalancer", "BalancedBatch", "PendingRestore"]
@@ -302,7 +303,10 @@ class AllToAllBalancer(RankPlanner):
             if B is not None and lengths.numel() != B:
                 raise ValueError(f"lengths: jagged group {g} has {lengths.numel()} samples, expected {B}")
             B = lengths.numel()
-            lc = lengths.detach().to("cpu", torch.int64).numpy()
+            if lengths.dtype == torch.int64 and lengths.device.type == "cpu":
+                lc = lengths.numpy()  # integer tensors never require grad
+            else:
+                lc = lengths.detach().to("cpu", torch.int64).numpy()
             if B and lc.min() < 0:
                 raise ValueError(f"lengths: must be >= 0, got min {int(lc.min())}")
             lens.append(lc)
@@ -322,16 +326,16 @@ class AllToAllBalancer(RankPlanner):
             tensors.append(num_targets)
             layout.append((_TARGETS, -1, num_targets.dtype, tuple(num_targets.shape[1:])))
         schema = self._schema(tuple(layout), len(groups), groups[0][0].dtype)
-        host = getattr(self.cost_model, "cost_host", None)
-        if num_targets is None and host is not None:  # lengths checked above
-            costs = np.asarray(host(lens[0]), dtype=np.float64)
-        else:  # the cost model checks num_targets
+        if num_targets is None and type(self.cost_model) is HSTUCostModel:
+            # lengths checked above; a, b >= 0 and finite: the costs are finite and >= 0
+            costs = self.cost_model.cost_host(lens[0])
+        else:  # any cost model (it checks num_targets): check what it returns
             nt = num_targets.detach().cpu() if num_targets is not None else None
-            costs = self.cost_model.cost(torch.from_numpy(lens[0]), nt).numpy().astype(np.float64, copy=False)
-        if costs.shape != (B,):
-            raise ValueError(f"cost_model: returned shape {tuple(costs.shape)} for {B} sequences")
-        if B and not (np.isfinite(costs).all() and costs.min() >= 0):
-            raise ValueError("cost_model: returned a non-finite or negative cost")
+            costs = np.asarray(self.cost_model.cost(torch.from_numpy(lens[0]), nt), dtype=np.float64)
+            if costs.shape != (B,):
+                raise ValueError(f"cost_model: returned shape {tuple(costs.shape)} for {B} sequences")
+            if B and not (np.isfinite(costs).all() and costs.min() >= 0):
+                raise ValueError("cost_model: returned a non-finite or negative cost")
         out = np.empty((B, len(groups)), dtype=np.int64)
         for g, lc in enumerate(lens):
             out[:, g] = lc
@@ -375,23 +379,32 @@ class AllToAllBalancer(RankPlanner):
         send[:_HEADER] = header + [words]
         if words <= cap:
             send[_HEADER:_HEADER + words] = meta
-        got = _all_gather(torch.from_numpy(send).to(dev), world, group).cpu().numpy()
+        got = self._gather_host(send, world, group, dev)
         heads = got[:, :_HEADER]
-        bad = np.flatnonzero(heads[:, 2]).tolist()
+        rows = heads.tolist()  # a few words per rank: Python lists beat numpy here
         if error is not None:
             raise ValueError(f"rank {rank}: {error}") from error
-        if bad:
+        if any(r[2] for r in rows):
+            bad = [i for i, r in enumerate(rows) if r[2]]
             raise ValueError(f"balance: bad input on rank(s) {bad} (their error says which)")
-        if (heads[:, 1] != heads[0, 1]).any():
+        if any(r[1] != rows[0][1] for r in rows):
             raise ValueError(f"balance: ranks disagree on the batch's fields, dtypes, trailing shapes "
-                             f"or jagged groups (schema hash per rank: {heads[:, 1].tolist()})")
-        need = int(heads[:, 3].max())
+                             f"or jagged groups (schema hash per rank: {[r[1] for r in rows]})")
+        need = max(r[3] for r in rows)
         if need <= cap:
             return heads, got[:, _HEADER:]
         self._capacity[group] = 2 * need  # headroom: the next batches fit in one gather
         body = np.zeros(need, dtype=np.int64)
         body[:words] = meta
-        return heads, _all_gather(torch.from_numpy(body).to(dev), world, group).cpu().numpy()
+        return heads, self._gather_host(body, world, group, dev)
+
+    @staticmethod
+    def _gather_host(a: np.ndarray, world: int, group, dev: torch.device) -> np.ndarray:
+        """``[world, *a.shape]``: every rank's host array ``a`` (sent from ``dev``)."""
+        t = torch.from_numpy(a)
+        if dev.type != "cpu":
+            return _all_gather(t.to(dev), world, group).cpu().numpy()
+        return _all_gather(t, world, group).numpy()
 
     def _balance(self, groups, sample_fields, num_targets, group) -> BalancedBatch:
         world, rank = _world(group)
@@ -414,13 +427,18 @@ class AllToAllBalancer(RankPlanner):
         glengths = rows[:, 1:]
         sizes = glengths[:, 0].astype(np.float64) if self.max_tokens_per_rank is not None else None
         bins = self._plan_host(gcosts, sizes, world)
-        plan, buf = plan_pack(rows, counts, bins, rank, tensors, schema.fields, dev)
+        plan, buf = plan_pack(rows, counts, bins, rank, tensors, schema.fields, dev, schema.groups, schema.row_bytes)
         ex = _Exchange(world, group, plan, gcosts, glengths)
         # ---- one all_to_all of every field
         got = unpack(_all_to_all(buf, plan.send_bytes, plan.recv_bytes, world, group), schema.fields,
                      plan.recv_rows)
         # ---- assemble
-        out_groups = [(plan.recv_lengths[g].to(device=dev, dtype=groups[g][0].dtype), {}) for g in range(G)]
+        out_groups = []
+        for g in range(G):
+            ln = plan.recv_lengths[g]
+            if ln.dtype != groups[g][0].dtype or dev.type != "cpu":
+                ln = ln.to(device=dev, dtype=groups[g][0].dtype)
+            out_groups.append((ln, {}))
         out_samples: Dict[str, torch.Tensor] = {}
         nt = None
         for f, t in zip(schema.fields, got):
@@ -439,3 +457,9 @@ class _Schema:
 
     fields: Tuple[Field, ...]
     hash: int
+    groups: List[int] = dataclasses.field(init=False, compare=False)     # per field, for the kernels
+    row_bytes: List[int] = dataclasses.field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "groups", [f.group for f in self.fields])
+        object.__setattr__(self, "row_bytes", [f.row_bytes for f in self.fields])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -134,27 +134,31 @@ class ExchangePlan:
 
     @property
     def recv_rows(self) -> torch.Tensor:
-        """``[1 + G, world]`` rows received per kind (samples, tokens of each group) and peer."""
-        return self.table[1, 1:]
+        """``[2 + G, world]`` the recv half of ``table``: bytes, then rows received per kind
+        (samples, tokens of each group; :attr:`Field.kind`) and peer."""
+        return self.table[1]
 
 
 def plan_pack(rows: np.ndarray, counts: np.ndarray, bins: np.ndarray, rank: int,
-              tensors: Sequence[torch.Tensor], fields: Sequence[Field], device: torch.device
+              tensors: Sequence[torch.Tensor], fields: Sequence[Field], device: torch.device,
+              groups: Optional[List[int]] = None, row_bytes: Optional[List[int]] = None
               ) -> Tuple[ExchangePlan, torch.Tensor]:
     """The exchange of a planned global batch for ``rank`` and its send buffer (on ``device``).
 
     ``rows`` int64 ``[N, 1 + G]`` of the global batch (column 0 is not read, then the lengths of
     every jagged group), rank ``r``'s samples at ``sum(counts[:r]) ..``; ``bins [N]`` the rank of
     every sample; ``tensors[f]`` this rank's local tensor of ``fields[f]``.  The buffer holds, per
-    peer, every field's rows for it (module docstring), samples in local index order."""
+    peer, every field's rows for it (module docstring), samples in local index order.  ``groups``
+    / ``row_bytes``: the fields' ``group`` / ``row_bytes`` lists, if the caller keeps them."""
     fn = kernel("lb_exchange_pack") if device.type == "cpu" else None
     if fn is None:
         buf, table, order, recv_global, recv_lengths = _plan_pack_reference(rows, counts, bins, rank, tensors,
                                                                             fields, device)
     else:
         buf, table, order, recv_global, recv_lengths = fn(
-            torch.from_numpy(rows), torch.from_numpy(counts), torch.from_numpy(bins), rank, list(tensors),
-            [f.group for f in fields], [f.row_bytes for f in fields], ALIGN)
+            torch.from_numpy(rows), torch.from_numpy(counts), torch.from_numpy(bins), rank, tensors,
+            [f.group for f in fields] if groups is None else groups,
+            [f.row_bytes for f in fields] if row_bytes is None else row_bytes, ALIGN)
         order, recv_global = order.numpy(), recv_global.numpy()
     c = counts.tolist()
     return ExchangePlan(c, bins, rank, sum(c[:rank]), table, order, recv_global, recv_lengths), buf
@@ -192,12 +196,13 @@ def _plan_pack_reference(rows: np.ndarray, counts: np.ndarray, bins: np.ndarray,
 
 def unpack(buf: torch.Tensor, fields: Sequence[Field], rows: torch.Tensor) -> List[torch.Tensor]:
     """Inverse of :func:`pack` on the receiving side: one tensor per field, peers in order;
-    ``rows`` int64 ``[1 + G, world]`` rows per kind and peer (:attr:`ExchangePlan.recv_rows`)."""
+    ``rows`` int64 ``[K, world]`` rows per kind (row :attr:`Field.kind` for each field) and peer
+    (:attr:`ExchangePlan.recv_rows`)."""
     fn = kernel("lb_unpack") if buf.device.type == "cpu" else None
     if fn is None:
         table = rows.tolist()
-        return _unpack_reference(buf, fields, [table[f.kind - 1] for f in fields], rows.shape[1])
-    return fn(buf, [f.like for f in fields], [f.kind - 1 for f in fields], rows, ALIGN)
+        return _unpack_reference(buf, fields, [table[f.kind] for f in fields], rows.shape[1])
+    return fn(buf, [f.like for f in fields], [f.kind for f in fields], rows, ALIGN)
 
 
 def _unpack_reference(buf: torch.Tensor, fields: Sequence[Field], per_peer: Sequence[Sequence[int]],
