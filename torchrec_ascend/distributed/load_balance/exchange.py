@@ -48,19 +48,31 @@ _TARGETS = "\0num_targets"  # internal field name of num_targets (no user name s
 
 
 # ---------------------------------------------------------------------- collectives
+def _pg(group):
+    """The process group object of ``group`` (None: the default group)."""
+    return dist.group.WORLD if group is None else group
+
+
 def _world(group) -> Tuple[int, int]:
     if not dist.is_available() or not dist.is_initialized():
         return 1, 0
-    return dist.get_world_size(group), dist.get_rank(group)
+    pg = _pg(group)
+    return pg.size(), pg.rank()
 
 
+# The collectives below call the process group's own methods (``ProcessGroup.all_gather_single`` /
+# ``alltoall_base``, what ``torch.distributed``'s functions end in) and skip those functions'
+# Python argument handling: a few dozen microseconds of CPU per call, three calls per step.
 def _all_gather(t: torch.Tensor, world: int, group) -> torch.Tensor:
     """``[world, *t.shape]``: every rank's ``t`` (same shape everywhere)."""
     if world == 1:
         return t.unsqueeze(0)
     out = torch.empty((world * t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(out, t.contiguous(), group=group)  # concatenated form: gloo refuses the stacked one
+    gather = getattr(_pg(group), "all_gather_single", None)
+    if gather is not None:
+        gather(out, t.contiguous()).wait()  # concatenated form: gloo refuses the stacked one
+    else:  # older torch
+        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, t.contiguous(), group=group)
     return out.reshape((world,) + tuple(t.shape))
 
 
@@ -71,8 +83,11 @@ def _all_to_all(send: torch.Tensor, send_splits: List[int], recv_splits: List[in
     if world == 1:
         return (send, None) if async_op else send
     recv = torch.empty((sum(recv_splits),) + tuple(send.shape[1:]), dtype=send.dtype, device=send.device)
-    work = dist.all_to_all_single(recv, send, recv_splits, send_splits, group=group, async_op=async_op)
-    return (recv, work) if async_op else recv
+    work = _pg(group).alltoall_base(recv, send, recv_splits, send_splits)
+    if async_op:
+        return recv, work
+    work.wait()
+    return recv
 
 
 # ---------------------------------------------------------------------- one exchange
