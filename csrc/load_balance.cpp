@@ -1,7 +1,8 @@
 // Host-side loops of the load balancer (torchrec_ascend/distributed/load_balance/): the LPT pass
-// of the plan, and the byte packing / unpacking of the all_to_all buffers, each one call with
-// plain loops and memcpy instead of one torch op per (field, peer).  The Python modules keep the
-// reference implementations (used when this extension is absent) and the tests compare the two.
+// of the plan, the exchange plan with the byte packing of the all_to_all buffer (one call), and the
+// unpacking / restore scatter, each with plain loops and memcpy instead of one torch op per (field,
+// peer).  The Python modules keep the reference implementations (used when this extension is
+// absent) and the tests compare the two.
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -182,128 +183,182 @@ void lb_refine(const at::Tensor& costs, at::Tensor& bins, int64_t num_bins, int6
   }
 }
 
-// The send buffer of one exchange: per peer p, per field f, the rows of f for the local samples
-// order[..] with dest == p (samples `order` grouped by destination; token fields: the token rows
-// of those samples, group groups[f], in that order), each segment padded to `align` bytes.
-// rows[f]: the field's local tensor (any dtype, contiguous, row_bytes[f] bytes a row); lengths:
-// int64 [B, G] token counts of the local samples; dest: int64 [B] destination of each.
-// Returns (buffer uint8, bytes per peer int64 [world]).
-std::tuple<at::Tensor, at::Tensor> lb_pack(const std::vector<at::Tensor>& rows,
-                                           const std::vector<int64_t>& groups,
-                                           const std::vector<int64_t>& row_bytes,
-                                           const at::Tensor& order, const at::Tensor& lengths,
-                                           const at::Tensor& dest, int64_t world, int64_t align) {
-  const int64_t F = static_cast<int64_t>(rows.size());
+// The exchange of one balanced batch for rank `rank`, in one call: the send order, the rows and
+// bytes per peer (sent and received), the global samples received and their lengths, and the send
+// buffer.  rows: int64 [N, 1 + G] of the global batch (column 0 unused here, then the token count of
+// every jagged group), rank r's samples at [sum(counts[:r]), sum(counts[:r + 1])); counts: int64
+// [world]; bins: int64 [N] destination rank of every global sample.  tensors[f]: this rank's local
+// tensor of field f (contiguous bytes, row_bytes[f] a row), sample rows (groups[f] = -1) or the token
+// rows of jagged group groups[f].  Buffer layout: per peer p, per field f, the rows of f for the
+// local samples sent to p (in local index order; token fields: those samples' token rows), each
+// segment zero-padded to `align` bytes.  Returns (buffer uint8, table int64 [2, 2 + G, world] =
+// (send, recv) x (bytes, samples, tokens of group 0..G-1) per peer, order int64 [B] (local indices
+// grouped by destination, ascending: a stable sort), recv_global int64 [B'] (ascending),
+// recv_lengths int64 [G, B']).  The Python reference is packing._plan_pack_reference.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lb_exchange_pack(
+    const at::Tensor& rows, const at::Tensor& counts, const at::Tensor& bins, int64_t rank,
+    const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& groups,
+    const std::vector<int64_t>& row_bytes, int64_t align) {
+  const int64_t F = static_cast<int64_t>(tensors.size());
   TORCH_CHECK_VALUE(static_cast<int64_t>(groups.size()) == F && static_cast<int64_t>(row_bytes.size()) == F,
                     "groups, row_bytes: need one entry per field (", F, ")");
-  TORCH_CHECK_VALUE(world >= 1 && align >= 1, "world, align: must be >= 1");
-  check_cpu_1d(order, at::kLong, "order");
-  check_cpu_1d(dest, at::kLong, "dest");
-  TORCH_CHECK_VALUE(lengths.device().is_cpu() && lengths.dim() == 2 && lengths.scalar_type() == at::kLong,
-                    "lengths: expected a CPU int64 [B, G] tensor");
-  const int64_t B = order.numel();
-  const int64_t G = lengths.size(1);
-  TORCH_CHECK_VALUE(dest.numel() == B && lengths.size(0) == B, "order, dest, lengths: need ", B, " samples");
-  const auto ord = order.contiguous(), dst = dest.contiguous(), len = lengths.contiguous();
-  const int64_t* op = ord.data_ptr<int64_t>();
-  const int64_t* dp = dst.data_ptr<int64_t>();
-  const int64_t* lp = len.data_ptr<int64_t>();
-  // token start of every local sample, per group
-  std::vector<int64_t> start(B * G);
-  std::vector<int64_t> total(G, 0);
+  TORCH_CHECK_VALUE(align >= 1, "align: must be >= 1, got ", align);
+  check_cpu_1d(counts, at::kLong, "counts");
+  check_cpu_1d(bins, at::kLong, "bins");
+  TORCH_CHECK_VALUE(rows.device().is_cpu() && rows.dim() == 2 && rows.scalar_type() == at::kLong && rows.size(1) >= 1,
+                    "rows: expected a CPU int64 [N, 1 + G] tensor");
+  const int64_t world = counts.numel();
+  TORCH_CHECK_VALUE(rank >= 0 && rank < world, "rank: ", rank, " is outside [0, ", world, ")");
+  const int64_t N = rows.size(0), W = rows.size(1), G = W - 1;
+  TORCH_CHECK_VALUE(bins.numel() == N, "bins: has ", bins.numel(), " entries, rows has ", N);
+  const auto cnt_c = counts.contiguous(), bins_c = bins.contiguous(), rows_c = rows.contiguous();
+  const int64_t* cp = cnt_c.data_ptr<int64_t>();
+  const int64_t* bp = bins_c.data_ptr<int64_t>();
+  const int64_t* rp = rows_c.data_ptr<int64_t>();
+  std::vector<int64_t> owner(N);
+  int64_t start = 0, total = 0;
+  for (int64_t r = 0; r < world; ++r) {
+    TORCH_CHECK_VALUE(cp[r] >= 0, "counts: entry ", r, " is negative");
+    if (r == rank) start = total;
+    for (int64_t i = total; i < std::min(N, total + cp[r]); ++i) owner[i] = r;
+    total += cp[r];
+  }
+  TORCH_CHECK_VALUE(total == N, "counts: sum to ", total, ", rows has ", N);
+  for (int64_t i = 0; i < N; ++i) {
+    TORCH_CHECK_VALUE(bp[i] >= 0 && bp[i] < world, "bins: entry ", i, " is ", bp[i], ", outside [0, ", world, ")");
+    for (int64_t g = 0; g < G; ++g)
+      TORCH_CHECK_VALUE(rp[i * W + 1 + g] >= 0, "rows: sample ", i, " has a negative length");
+  }
+  const int64_t B = cp[rank];
+  const int64_t* local = bp + start;            // destination of every local sample
+  const int64_t* lrows = rp + start * W;        // local rows
+  // table: [2][2 + G][world]
+  const int64_t K = 2 + G;
+  auto table = at::zeros({2, K, world}, at::kLong);
+  int64_t* tp = table.data_ptr<int64_t>();
+  int64_t* send = tp;
+  int64_t* recv = tp + K * world;
+  // order: counting sort of the local samples by destination (stable)
+  for (int64_t b = 0; b < B; ++b) {
+    send[1 * world + local[b]] += 1;
+    for (int64_t g = 0; g < G; ++g) send[(2 + g) * world + local[b]] += lrows[b * W + 1 + g];
+  }
+  auto order = at::empty({B}, at::kLong);
+  int64_t* op = order.data_ptr<int64_t>();
+  {
+    std::vector<int64_t> next(world, 0);
+    for (int64_t p = 1; p < world; ++p) next[p] = next[p - 1] + send[world + p - 1];
+    for (int64_t b = 0; b < B; ++b) op[next[local[b]]++] = b;
+  }
+  int64_t Bp = 0;
+  for (int64_t i = 0; i < N; ++i) Bp += bp[i] == rank;
+  auto recv_global = at::empty({Bp}, at::kLong);
+  auto recv_lengths = at::empty({G, Bp}, at::kLong);
+  int64_t* gp = recv_global.data_ptr<int64_t>();
+  int64_t* lp = recv_lengths.data_ptr<int64_t>();
+  for (int64_t i = 0, k = 0; i < N; ++i) {
+    if (bp[i] != rank) continue;
+    gp[k] = i;
+    recv[1 * world + owner[i]] += 1;
+    for (int64_t g = 0; g < G; ++g) {
+      lp[g * Bp + k] = rp[i * W + 1 + g];
+      recv[(2 + g) * world + owner[i]] += rp[i * W + 1 + g];
+    }
+    ++k;
+  }
+  // the local tensors and their token starts
+  std::vector<int64_t> tok_start(B * G), tok_total(G, 0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t g = 0; g < G; ++g) {
-      start[b * G + g] = total[g];
-      total[g] += lp[b * G + g];
+      tok_start[b * G + g] = tok_total[g];
+      tok_total[g] += lrows[b * W + 1 + g];
     }
-  std::vector<const uint8_t*> src(F);
   std::vector<at::Tensor> keep(F);
+  std::vector<const uint8_t*> src(F);
   for (int64_t f = 0; f < F; ++f) {
     const int64_t g = groups[f];
     TORCH_CHECK_VALUE(g >= -1 && g < G, "groups: entry ", f, " is ", g, ", expected -1 or a group < ", G);
-    keep[f] = rows[f].contiguous();
-    TORCH_CHECK_VALUE(keep[f].device().is_cpu(), "rows: field ", f, " is not on the CPU");
-    const int64_t need = (g < 0 ? B : total[g]) * row_bytes[f];
-    TORCH_CHECK_VALUE(keep[f].numel() * static_cast<int64_t>(keep[f].element_size()) == need, "rows: field ", f,
-                      " has ", keep[f].numel() * keep[f].element_size(), " bytes, expected ", need);
+    TORCH_CHECK_VALUE(row_bytes[f] >= 0, "row_bytes: entry ", f, " is negative");
+    keep[f] = tensors[f].contiguous();
+    TORCH_CHECK_VALUE(keep[f].device().is_cpu(), "tensors: field ", f, " is not on the CPU");
+    const int64_t have = keep[f].numel() * static_cast<int64_t>(keep[f].element_size());
+    const int64_t need = (g < 0 ? B : tok_total[g]) * row_bytes[f];
+    TORCH_CHECK_VALUE(have == need, "tensors: field ", f, " has ", have, " bytes, expected ", need);
     src[f] = static_cast<const uint8_t*>(keep[f].data_ptr());
   }
-  // samples per peer: order is grouped by destination, ascending
-  std::vector<int64_t> first(world + 1, 0);
-  for (int64_t i = 0; i < B; ++i) {
-    const int64_t p = dp[op[i]];
-    TORCH_CHECK_VALUE(p >= 0 && p < world, "dest: entry ", op[i], " is ", p, ", outside [0, ", world, ")");
-    TORCH_CHECK_VALUE(i == 0 || dp[op[i - 1]] <= p, "order: not grouped by ascending destination");
-    first[p + 1] = i + 1;
-  }
-  for (int64_t p = 1; p <= world; ++p) first[p] = std::max(first[p], first[p - 1]);
-  // bytes per (peer, field)
-  auto per_peer = at::zeros({world}, at::kLong);
-  int64_t* pp = per_peer.data_ptr<int64_t>();
-  std::vector<int64_t> seg(world * F);
-  int64_t size = 0;
-  for (int64_t p = 0; p < world; ++p) {
+  // bytes per peer, both ways
+  for (int64_t p = 0; p < world; ++p)
     for (int64_t f = 0; f < F; ++f) {
-      int64_t n = 0;
-      if (groups[f] < 0) {
-        n = first[p + 1] - first[p];
-      } else {
-        for (int64_t i = first[p]; i < first[p + 1]; ++i) n += lp[op[i] * G + groups[f]];
-      }
-      seg[p * F + f] = n * row_bytes[f];
-      pp[p] += pad_to(seg[p * F + f], align);
+      const int64_t kind = 2 + groups[f];  // 1: samples, 2 + g: tokens of group g
+      send[p] += pad_to(send[kind * world + p] * row_bytes[f], align);
+      recv[p] += pad_to(recv[kind * world + p] * row_bytes[f], align);
     }
-    size += pp[p];
-  }
+  int64_t size = 0;
+  for (int64_t p = 0; p < world; ++p) size += send[p];
   auto buf = at::empty({size}, at::kByte);
   uint8_t* out = buf.data_ptr<uint8_t>();
-  int64_t pos = 0;
+  int64_t first = 0;
   for (int64_t p = 0; p < world; ++p) {
+    const int64_t last = first + send[world + p];
     for (int64_t f = 0; f < F; ++f) {
       const int64_t rb = row_bytes[f], g = groups[f];
-      uint8_t* w = out + pos;
-      for (int64_t i = first[p]; i < first[p + 1]; ++i) {
+      uint8_t* w = out;
+      for (int64_t i = first; i < last; ++i) {
         const int64_t b = op[i];
         if (g < 0) {
           std::memcpy(w, src[f] + b * rb, rb);
           w += rb;
         } else {
-          const int64_t nb = lp[b * G + g] * rb;
-          std::memcpy(w, src[f] + start[b * G + g] * rb, nb);
+          const int64_t nb = lrows[b * W + 1 + g] * rb;
+          std::memcpy(w, src[f] + tok_start[b * G + g] * rb, nb);
           w += nb;
         }
       }
-      const int64_t padded = pad_to(seg[p * F + f], align);
-      std::memset(w, 0, padded - seg[p * F + f]);
-      pos += padded;
+      const int64_t used = w - out, padded = pad_to(used, align);
+      std::memset(w, 0, padded - used);
+      out += padded;
     }
+    first = last;
   }
-  return {buf, per_peer};
+  return {buf, table, order, recv_global, recv_lengths};
 }
 
-// Inverse of lb_pack on the receiving side: counts int64 [F, world] rows of every field from every
-// peer; returns one uint8 tensor per field with its rows, peers in order.
-std::vector<at::Tensor> lb_unpack(const at::Tensor& buf, const std::vector<int64_t>& row_bytes,
-                                  const at::Tensor& counts, int64_t align) {
+// Inverse of lb_exchange_pack on the receiving side: rows int64 [K, world] rows of every kind from
+// every peer, kinds[f] field f's row of it (packing.unpack passes the recv half of lb_exchange_pack's
+// table and kinds[f] = 2 + groups[f]); like[f] a tensor of field f's dtype and trailing shape (any
+// first dimension).  Returns one tensor per field (like[f]'s dtype, [rows, *trailing]), peers in
+// order.
+std::vector<at::Tensor> lb_unpack(const at::Tensor& buf, const std::vector<at::Tensor>& like,
+                                  const std::vector<int64_t>& kinds, const at::Tensor& rows, int64_t align) {
   check_cpu_1d(buf, at::kByte, "buf");
-  const int64_t F = static_cast<int64_t>(row_bytes.size());
-  TORCH_CHECK_VALUE(counts.device().is_cpu() && counts.dim() == 2 && counts.scalar_type() == at::kLong &&
-                        counts.size(0) == F,
-                    "counts: expected a CPU int64 [", F, ", world] tensor");
-  const int64_t world = counts.size(1);
-  const auto cnt = counts.contiguous();
+  const int64_t F = static_cast<int64_t>(like.size());
+  TORCH_CHECK_VALUE(static_cast<int64_t>(kinds.size()) == F, "kinds: need one entry per field (", F, ")");
+  TORCH_CHECK_VALUE(align >= 1, "align: must be >= 1, got ", align);
+  TORCH_CHECK_VALUE(rows.device().is_cpu() && rows.dim() == 2 && rows.scalar_type() == at::kLong,
+                    "rows: expected a CPU int64 [kinds, world] tensor");
+  const int64_t K = rows.size(0), world = rows.size(1);
+  const auto cnt = rows.contiguous();
   const int64_t* cp = cnt.data_ptr<int64_t>();
   std::vector<at::Tensor> out(F);
   std::vector<uint8_t*> w(F);
+  std::vector<int64_t> rb(F);
   int64_t need = 0;
   for (int64_t f = 0; f < F; ++f) {
+    TORCH_CHECK_VALUE(kinds[f] >= 0 && kinds[f] < K, "kinds: entry ", f, " is ", kinds[f], ", outside [0, ", K, ")");
+    TORCH_CHECK_VALUE(like[f].dim() >= 1, "like: field ", f, " has no first dimension");
+    const int64_t* c = cp + kinds[f] * world;
     int64_t n = 0;
+    rb[f] = like[f].element_size();
+    for (int64_t d = 1; d < like[f].dim(); ++d) rb[f] *= like[f].size(d);
     for (int64_t p = 0; p < world; ++p) {
-      n += cp[f * world + p];
-      need += pad_to(cp[f * world + p] * row_bytes[f], align);
+      TORCH_CHECK_VALUE(c[p] >= 0, "rows: negative count");
+      n += c[p];
+      need += pad_to(c[p] * rb[f], align);
     }
-    out[f] = at::empty({n * row_bytes[f]}, at::kByte);
-    w[f] = out[f].data_ptr<uint8_t>();
+    auto sizes = like[f].sizes().vec();
+    sizes[0] = n;
+    out[f] = at::empty(sizes, like[f].options().device(at::kCPU));
+    w[f] = static_cast<uint8_t*>(out[f].data_ptr());
   }
   TORCH_CHECK_VALUE(buf.numel() == need, "buf: has ", buf.numel(), " bytes, the layout needs ", need);
   const auto b = buf.contiguous();
@@ -311,32 +366,38 @@ std::vector<at::Tensor> lb_unpack(const at::Tensor& buf, const std::vector<int64
   int64_t pos = 0;
   for (int64_t p = 0; p < world; ++p)
     for (int64_t f = 0; f < F; ++f) {
-      const int64_t nb = cp[f * world + p] * row_bytes[f];
-      std::memcpy(w[f], in + pos, nb);
+      const int64_t nb = cp[kinds[f] * world + p] * rb[f];
+      if (nb) std::memcpy(w[f], in + pos, nb);
       w[f] += nb;
       pos += pad_to(nb, align);
     }
   return out;
 }
 
-// out row index[i] = src row i (row_bytes bytes a row); index a permutation of [0, n).
-at::Tensor lb_scatter_rows(const at::Tensor& src, const at::Tensor& index, int64_t row_bytes) {
+// out row index[i] = src row i, with src the bytes of n rows like `like` (its dtype and trailing
+// shape); index a permutation of [0, n).  Returns [n, *trailing] of like's dtype.
+at::Tensor lb_scatter_rows(const at::Tensor& src, const at::Tensor& index, const at::Tensor& like) {
   check_cpu_1d(src, at::kByte, "src");
   check_cpu_1d(index, at::kLong, "index");
+  TORCH_CHECK_VALUE(like.dim() >= 1, "like: needs a first dimension");
   const int64_t n = index.numel();
-  TORCH_CHECK_VALUE(row_bytes >= 0 && src.numel() == n * row_bytes, "src: has ", src.numel(),
-                    " bytes, expected ", n, " rows x ", row_bytes);
+  int64_t row_bytes = like.element_size();
+  for (int64_t d = 1; d < like.dim(); ++d) row_bytes *= like.size(d);
+  TORCH_CHECK_VALUE(src.numel() == n * row_bytes, "src: has ", src.numel(), " bytes, expected ", n, " rows x ",
+                    row_bytes);
   const auto s = src.contiguous(), ix = index.contiguous();
   const uint8_t* in = s.data_ptr<uint8_t>();
   const int64_t* ip = ix.data_ptr<int64_t>();
-  auto out = at::empty({n * row_bytes}, at::kByte);
-  uint8_t* o = out.data_ptr<uint8_t>();
+  auto sizes = like.sizes().vec();
+  sizes[0] = n;
+  auto out = at::empty(sizes, like.options().device(at::kCPU));
+  uint8_t* o = static_cast<uint8_t*>(out.data_ptr());
   std::vector<char> seen(n, 0);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t j = ip[i];
     TORCH_CHECK_VALUE(j >= 0 && j < n && !seen[j], "index: must be a permutation of [0, ", n, ")");
     seen[j] = 1;
-    std::memcpy(o + j * row_bytes, in + i * row_bytes, row_bytes);
+    if (row_bytes) std::memcpy(o + j * row_bytes, in + i * row_bytes, row_bytes);
   }
   return out;
 }
@@ -344,7 +405,7 @@ at::Tensor lb_scatter_rows(const at::Tensor& src, const at::Tensor& index, int64
 void bind_load_balance(pybind11::module& m) {
   m.def("lb_lpt", &lb_lpt);
   m.def("lb_refine", &lb_refine);
-  m.def("lb_pack", &lb_pack);
+  m.def("lb_exchange_pack", &lb_exchange_pack);
   m.def("lb_unpack", &lb_unpack);
   m.def("lb_scatter_rows", &lb_scatter_rows);
 }

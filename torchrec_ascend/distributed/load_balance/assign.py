@@ -203,6 +203,17 @@ def plan_assignment(costs: torch.Tensor, num_bins: int, max_per_bin: Optional[in
     caps refinement steps (default ``4 * N + 16``); refinement stops within ``tol`` of the lower
     bound (0: only when no step improves).  Algorithm and errors: module docstring."""
     c = _as_numpy("costs", costs)
+    if (sizes is None) != (max_size_per_bin is None):
+        raise ValueError("sizes, max_size_per_bin: give both or neither")
+    s = _as_numpy("sizes", sizes, c.shape[0]) if sizes is not None else None
+    return torch.from_numpy(_plan_checked(c, num_bins, max_per_bin, s, max_size_per_bin, refine, max_rounds, tol))
+
+
+def _plan_checked(c: np.ndarray, num_bins: int, max_per_bin: Optional[int], s: Optional[np.ndarray],
+                  max_size_per_bin: Optional[float], refine: bool, max_rounds: Optional[int],
+                  tol: float) -> np.ndarray:
+    """:func:`plan_assignment` of checked data (``c``, ``s``: float64 host arrays, finite, >= 0;
+    ``s`` and ``max_size_per_bin`` both given or both None): checks the limits, returns the bins."""
     n = c.shape[0]
     if int(num_bins) < 1:
         raise ValueError(f"num_bins: must be >= 1, got {num_bins}")
@@ -214,12 +225,8 @@ def plan_assignment(costs: torch.Tensor, num_bins: int, max_per_bin: Optional[in
         raise ValueError(f"max_per_bin: must be >= 1, got {max_per_bin}")
     if cap is not None and cap * num_bins < n:
         raise ValueError(f"max_per_bin: {num_bins} bins x {cap} items < {n} items")
-    if (sizes is None) != (max_size_per_bin is None):
-        raise ValueError("sizes, max_size_per_bin: give both or neither")
-    s = None
     size_cap = None
-    if sizes is not None:
-        s = _as_numpy("sizes", sizes, n)
+    if s is not None:
         size_cap = float(max_size_per_bin)
         if not size_cap > 0:
             raise ValueError(f"max_size_per_bin: must be > 0, got {max_size_per_bin}")
@@ -227,12 +234,12 @@ def plan_assignment(costs: torch.Tensor, num_bins: int, max_per_bin: Optional[in
             i = int(np.argmax(s))
             raise ValueError(f"max_size_per_bin: item {i} alone has size {s[i]:g} > the limit {size_cap:g}")
     if n == 0:
-        return torch.empty(0, dtype=torch.int64)
+        return np.empty(0, dtype=np.int64)
     bins = _lpt(c, num_bins, cap, s, size_cap)
     if refine and num_bins > 1:
         _refine(c, bins, num_bins, cap, s, size_cap, 4 * n + 16 if max_rounds is None else int(max_rounds),
                 max(float(tol), _REL_TOL))
-    return torch.from_numpy(bins)
+    return bins
 
 
 def bin_loads(costs: torch.Tensor, bins: torch.Tensor, num_bins: int) -> torch.Tensor:
@@ -278,17 +285,23 @@ class RankPlanner:
 
     def plan_costs(self, costs: torch.Tensor, lengths: torch.Tensor, world: int) -> torch.Tensor:
         """Rank of each sequence (``int64 [N]``) given its cost and token count."""
+        c = _as_numpy("costs", costs)
+        sizes = _as_numpy("lengths", lengths, c.shape[0]) if self.max_tokens_per_rank is not None else None
+        return torch.from_numpy(self._plan_host(c, sizes, world))
+
+    def _plan_host(self, costs: np.ndarray, sizes: Optional[np.ndarray], world: int) -> np.ndarray:
+        """:meth:`plan_costs` of checked host data: ``costs`` float64 ``[N]`` finite and >= 0,
+        ``sizes`` float64 token counts (>= 0) when ``max_tokens_per_rank`` is set, else None."""
         if isinstance(world, bool) or int(world) != world or int(world) < 1:
             raise ValueError(f"world: must be an integer >= 1, got {world!r}")
         world = int(world)
-        n = int(costs.shape[0])
         tokens = self.max_tokens_per_rank
-        bins = plan_assignment(costs, world, self.max_per_rank,
-                               sizes=lengths if tokens is not None else None, max_size_per_bin=tokens)
+        bins = _plan_checked(costs, world, self.max_per_rank, sizes if tokens is not None else None, tokens,
+                             True, None, 1e-4)
         if not self.allow_empty:
             empty = sorted(set(range(world)) - set(bins.tolist()))
             if empty:
                 raise ValueError(
-                    f"allow_empty: the global batch has {n} sequences for {world} ranks, so ranks "
-                    f"{empty[:8]} would get none (allow_empty=True gives them an empty batch)")
+                    f"allow_empty: the global batch has {costs.shape[0]} sequences for {world} ranks, so "
+                    f"ranks {empty[:8]} would get none (allow_empty=True gives them an empty batch)")
         return bins

@@ -95,17 +95,26 @@ class HSTUCostModel:
     def cost(self, lengths: torch.Tensor, num_targets: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Cost of each sequence: ``lengths [B]`` (integer, >= 0) and optional ``num_targets [B]``
         (``0 <= num_targets <= lengths``) -> float64 ``[B]`` on the CPU."""
-        n = _check_lengths("lengths", lengths).astype(np.float64)  # host numpy: small arrays
-        c = n * self.a + n * n * self.b
+        n = _check_lengths("lengths", lengths)  # host numpy: small arrays
+        t = None
         if num_targets is not None:
-            t = _check_lengths("num_targets", num_targets).astype(np.float64)
+            t = _check_lengths("num_targets", num_targets)
             if t.shape != n.shape:
                 raise ValueError(f"num_targets: shape {tuple(t.shape)} != lengths shape {tuple(n.shape)}")
             if t.size and bool((t > n).any()):
                 raise ValueError("num_targets: a sequence has more targets than tokens "
                                  "(num_targets > lengths)")
-            c = c + t * self.target_coef
-        return torch.from_numpy(c)
+        return torch.from_numpy(self.cost_host(n, t))
+
+    def cost_host(self, lengths: np.ndarray, num_targets: Optional[np.ndarray] = None) -> np.ndarray:
+        """:meth:`cost` of already checked host arrays (int64 ``lengths [B] >= 0``, optional
+        ``0 <= num_targets <= lengths``) -> float64 ``[B]``, without the checks (for callers that
+        made them, e.g. the all_to_all balancer)."""
+        n = lengths.astype(np.float64)
+        c = n * self.a + n * n * self.b
+        if num_targets is not None:
+            c = c + num_targets.astype(np.float64) * self.target_coef
+        return c
 
     # ------------------------------------------------------------------ FLOPs
     @classmethod

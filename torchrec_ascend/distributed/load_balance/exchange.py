@@ -2,18 +2,20 @@
 
 :class:`AllToAllBalancer` runs, on every rank of the process group (a collective):
 
-1. validate the local batch and price its sequences; one ``all_gather`` of a header ``[B, schema
-   hash, error flag, words]`` plus each sample's cost (float64 bits) and lengths, padded to a
-   capacity every rank learns alike (a second ``all_gather`` only when a batch outgrows it).  Bad
-   input, or ranks that disagree on field names/dtypes/shapes, raise the same ``ValueError`` on
-   every rank instead of hanging;
-2. plan the global batch with :meth:`~.assign.RankPlanner.plan_costs` (deterministic, so every
+1. validate the local batch and price its sequences (costs must come out finite and >= 0, checked
+   here, where they are computed); one ``all_gather`` of a header ``[B, schema hash, error flag,
+   words]`` plus each sample's cost (float64 bits) and lengths, padded to a capacity every rank
+   learns alike (a second ``all_gather`` only when a batch outgrows it).  Bad input, or ranks that
+   disagree on field names/dtypes/shapes, raise the same ``ValueError`` on every rank instead of
+   hanging.  The field layout (its :class:`~.packing.Field` list and hash) is cached per layout;
+2. plan the global batch with :class:`~.assign.RankPlanner`'s rules (deterministic, so every
    rank computes the same plan; costs are computed where the sample lives, so ranks need not
-   share a cost model);
-3. one ``all_to_all_single`` of a byte buffer packing every field: per destination rank, the
-   token fields of each jagged group, then the sample fields (names sorted), every segment
-   padded to 16 bytes (so the receiver views them back in their dtype without a copy).  Lengths
-   are not sent (every rank has them from step 1).
+   share a cost model; the gathered data is not checked a second time);
+3. work out the exchange and pack the send buffer in one call (:func:`~.packing.plan_pack`:
+   the csrc kernel ``lb_exchange_pack`` on the CPU), then one ``all_to_all_single`` of that byte
+   buffer: per destination rank, the token fields of each jagged group, then the sample fields
+   (names sorted), every segment padded to 16 bytes.  Lengths are not sent (every rank has them
+   from step 1); the receiver copies every field out in one call (``lb_unpack``).
 
 A rank receives its samples ordered by (source rank, source index), i.e. by global index (rank
 ``r``'s samples are global indices ``sum(B[:r]) ..``).  :meth:`BalancedBatch.restore` sends
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
@@ -35,7 +38,8 @@ import torch
 import torch.distributed as dist
 
 from .assign import RankPlanner
-from .packing import Field, pack_batch, peer_bytes, scatter_rows, to_bytes, token_index, unpack
+from .cost import HSTUCostModel
+from .packing import ExchangePlan, Field, plan_pack, scatter_rows, to_bytes, token_index, unpack
 
 __all__ = ["AllToAllBalancer", "BalancedBatch", "PendingRestore"]
 
@@ -44,19 +48,31 @@ _TARGETS = "\0num_targets"  # internal field name of num_targets (no user name s
 
 
 # ---------------------------------------------------------------------- collectives
+def _pg(group):
+    """The process group object of ``group`` (None: the default group)."""
+    return dist.group.WORLD if group is None else group
+
+
 def _world(group) -> Tuple[int, int]:
     if not dist.is_available() or not dist.is_initialized():
         return 1, 0
-    return dist.get_world_size(group), dist.get_rank(group)
+    pg = _pg(group)
+    return pg.size(), pg.rank()
 
 
+# The collectives below call the process group's own methods (``ProcessGroup.all_gather_single`` /
+# ``alltoall_base``, what ``torch.distributed``'s functions end in) and skip those functions'
+# Python argument handling: a few dozen microseconds of CPU per call, three calls per step.
 def _all_gather(t: torch.Tensor, world: int, group) -> torch.Tensor:
     """``[world, *t.shape]``: every rank's ``t`` (same shape everywhere)."""
     if world == 1:
         return t.unsqueeze(0)
     out = torch.empty((world * t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(out, t.contiguous(), group=group)  # concatenated form: gloo refuses the stacked one
+    gather = getattr(_pg(group), "all_gather_single", None)
+    if gather is not None:
+        gather(out, t.contiguous()).wait()  # concatenated form: gloo refuses the stacked one
+    else:  # older torch
+        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, t.contiguous(), group=group)
     return out.reshape((world,) + tuple(t.shape))
 
 
@@ -67,57 +83,38 @@ def _all_to_all(send: torch.Tensor, send_splits: List[int], recv_splits: List[in
     if world == 1:
         return (send, None) if async_op else send
     recv = torch.empty((sum(recv_splits),) + tuple(send.shape[1:]), dtype=send.dtype, device=send.device)
-    work = dist.all_to_all_single(recv, send, recv_splits, send_splits, group=group, async_op=async_op)
-    return (recv, work) if async_op else recv
+    work = _pg(group).alltoall_base(recv, send, recv_splits, send_splits)
+    if async_op:
+        return recv, work
+    work.wait()
+    return recv
 
 
-# ---------------------------------------------------------------------- plan of one exchange
-def _ints(a: np.ndarray) -> List[int]:
-    return [int(x) for x in a.tolist()]
-
-
+# ---------------------------------------------------------------------- one exchange
 @dataclasses.dataclass
 class _Exchange:
-    """Who sends which sample where (the same on every rank, but for ``rank``); host arrays
-    except ``send_order``."""
+    """Who sent which sample where (:class:`~.packing.ExchangePlan`, the same on every rank but
+    for ``rank``), with the plan's costs and lengths (host arrays)."""
 
     world: int
-    rank: int
     group: object
-    counts: List[int]            # local batch size of every rank
-    bins: np.ndarray             # [N] destination rank of every global sample
+    plan: ExchangePlan
     costs: np.ndarray            # [N] float64
     glengths: np.ndarray         # [N, G] lengths of every jagged group
-    owner: np.ndarray            # [N] source rank of every global sample
-    start: int                   # global index of this rank's first sample
-    order: np.ndarray            # [B] local indices grouped by destination, ascending
-    send_order: torch.Tensor     # ``order`` on the batch's device
-    send_counts: List[int]       # samples to every peer
-    recv_global: np.ndarray      # [B'] global indices received, ascending
-    recv_counts: List[int]       # samples from every peer
-    send_tokens: List[List[int]]  # [G][peer]
-    recv_tokens: List[List[int]]  # [G][peer]
+
+    @property
+    def counts(self) -> List[int]:
+        return self.plan.counts
+
+    @property
+    def owner(self) -> np.ndarray:
+        """``[N]`` source rank of every global sample."""
+        return np.repeat(np.arange(self.world, dtype=np.int64), self.plan.counts)
 
     @property
     def local_lengths(self) -> np.ndarray:
-        return self.glengths[self.start:self.start + self.counts[self.rank]]
-
-
-def _plan_exchange(counts: List[int], bins: np.ndarray, costs: np.ndarray, glengths: np.ndarray,
-                   world: int, rank: int, group, device: torch.device) -> _Exchange:
-    owner = np.repeat(np.arange(world, dtype=np.int64), counts)
-    start = sum(counts[:rank])
-    local = bins[start:start + counts[rank]]
-    mine = bins == rank
-    order = np.argsort(local, kind="stable")
-    G = glengths.shape[1]
-    local_lengths = glengths[start:start + counts[rank]]
-    send_tokens = [_ints(np.bincount(local, local_lengths[:, g], world)) for g in range(G)]
-    recv_tokens = [_ints(np.bincount(owner[mine], glengths[mine, g], world)) for g in range(G)]
-    return _Exchange(world, rank, group, list(counts), bins, costs, glengths, owner, start, order,
-                     torch.from_numpy(order).to(device), _ints(np.bincount(local, minlength=world)),
-                     np.flatnonzero(mine), _ints(np.bincount(owner[mine], minlength=world)),
-                     send_tokens, recv_tokens)
+        p = self.plan
+        return self.glengths[p.start:p.start + p.counts[p.rank]]
 
 
 # ---------------------------------------------------------------------- result
@@ -147,16 +144,18 @@ class BalancedBatch:
 
     @property
     def source_rank(self) -> torch.Tensor:
-        return torch.from_numpy(self._ex.owner[self._ex.recv_global])
+        return torch.from_numpy(self._ex.owner[self._ex.plan.recv_global])
 
     @property
     def source_index(self) -> torch.Tensor:
-        starts = np.cumsum(self._ex.counts) - np.asarray(self._ex.counts)
-        return torch.from_numpy(self._ex.recv_global - starts[self._ex.owner[self._ex.recv_global]])
+        ex = self._ex
+        starts = np.cumsum(ex.counts) - np.asarray(ex.counts)
+        return torch.from_numpy(ex.plan.recv_global - starts[ex.owner[ex.plan.recv_global]])
 
     @property
     def rank_costs(self) -> torch.Tensor:
-        return torch.from_numpy(np.bincount(self._ex.bins, self._ex.costs, self._ex.world).astype(np.float64))
+        ex = self._ex
+        return torch.from_numpy(np.bincount(ex.plan.bins, ex.costs, ex.world).astype(np.float64))
 
     @property
     def imbalance(self) -> float:
@@ -173,8 +172,8 @@ class BalancedBatch:
         collectives must come in the same order on every rank).  ``async_op=True`` returns a
         :class:`PendingRestore` at once (the exchange runs in the background; its ``wait()``
         gives the tensor)."""
-        ex = self._ex
-        return self._send_back(per_sample, ex.recv_counts, ex.send_counts, ex.send_order, "per_sample",
+        p = self._ex.plan
+        return self._send_back(per_sample, p.recv_counts, p.send_counts, p.send_order, "per_sample",
                                group, async_op)
 
     def restore_tokens(self, per_token: torch.Tensor, group=None, *, async_op: bool = False):
@@ -182,8 +181,8 @@ class BalancedBatch:
         the original rank in the original order.  Collective, like :meth:`restore` (same
         ``group`` / ``async_op``)."""
         ex = self._ex
-        order = torch.from_numpy(token_index(ex.local_lengths[:, 0], ex.order))
-        return self._send_back(per_token, ex.recv_tokens[0], ex.send_tokens[0], order, "per_token",
+        order = torch.from_numpy(token_index(ex.local_lengths[:, 0], ex.plan.order))
+        return self._send_back(per_token, ex.plan.recv_tokens(0), ex.plan.send_tokens(0), order, "per_token",
                                group, async_op)
 
     def _send_back(self, t: torch.Tensor, back: List[int], home: List[int], order: torch.Tensor,
@@ -192,14 +191,14 @@ class BalancedBatch:
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name}: expected {sum(back)} rows (this rank's balanced batch), got {shape}")
         ex = self._ex
-        fld = Field(name, -1, t.dtype, tuple(t.shape[1:]))
-        rb = fld.row_bytes
-        send = to_bytes(t.detach())
+        d = t.detach()
+        rb = d.element_size() * math.prod(d.shape[1:])
+        send = to_bytes(d)
         got, work = _all_to_all(send, [n * rb for n in back], [n * rb for n in home], ex.world,
                                 ex.group if group is None else group, async_op=True)
 
         def finish() -> torch.Tensor:
-            return scatter_rows(got, order, t.dtype, fld.trailing)
+            return scatter_rows(got, order, d)
 
         pending = PendingRestore(work, finish, send)
         return pending if async_op else pending.wait()
@@ -301,11 +300,13 @@ class AllToAllBalancer(RankPlanner):
 
     # -------------------------------------------------------------- core
     def _validate(self, groups, sample_fields, num_targets):
-        """Local checks -> (fields, host lengths per group, host costs); raises ValueError."""
-        fields: List[Field] = []
-        lens: List[np.ndarray] = []
+        """Local checks -> (schema, tensors in schema order, lengths int64 [B, G], costs float64
+        [B]); raises ValueError.  Costs must come out finite and >= 0: the plan trusts them."""
+        tensors: List[torch.Tensor] = []
+        layout: List[tuple] = []
         dev = groups[0][0].device if isinstance(groups[0][0], torch.Tensor) else None
         B = None
+        lens: List[np.ndarray] = []
         for g, (lengths, tok) in enumerate(groups):
             if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1:
                 got = tuple(lengths.shape) if isinstance(lengths, torch.Tensor) else type(lengths).__name__
@@ -317,7 +318,10 @@ class AllToAllBalancer(RankPlanner):
             if B is not None and lengths.numel() != B:
                 raise ValueError(f"lengths: jagged group {g} has {lengths.numel()} samples, expected {B}")
             B = lengths.numel()
-            lc = lengths.detach().to("cpu", torch.int64).numpy()
+            if lengths.dtype == torch.int64 and lengths.device.type == "cpu":
+                lc = lengths.numpy()  # integer tensors never require grad
+            else:
+                lc = lengths.detach().to("cpu", torch.int64).numpy()
             if B and lc.min() < 0:
                 raise ValueError(f"lengths: must be >= 0, got min {int(lc.min())}")
             lens.append(lc)
@@ -325,18 +329,32 @@ class AllToAllBalancer(RankPlanner):
             for name in sorted(tok):
                 t = tok[name]
                 self._check_tensor("token_fields", name, t, T, "sum(lengths)", dev)
-                fields.append(Field(name, g, t.dtype, tuple(t.shape[1:])))
+                tensors.append(t)
+                layout.append((name, g, t.dtype, tuple(t.shape[1:])))
         for name in sorted(sample_fields):
             t = sample_fields[name]
             self._check_tensor("sample_fields", name, t, B, "len(lengths)", dev)
-            fields.append(Field(name, -1, t.dtype, tuple(t.shape[1:])))
-        nt_cpu = None
+            tensors.append(t)
+            layout.append((name, -1, t.dtype, tuple(t.shape[1:])))
         if num_targets is not None:
             self._check_tensor("num_targets", "", num_targets, B, "len(lengths)", dev)
-            nt_cpu = num_targets.detach().cpu()
-            fields.append(Field(_TARGETS, -1, num_targets.dtype, tuple(num_targets.shape[1:])))
-        costs = self.cost_model.cost(torch.from_numpy(lens[0]), nt_cpu).numpy()
-        return fields, lens, costs
+            tensors.append(num_targets)
+            layout.append((_TARGETS, -1, num_targets.dtype, tuple(num_targets.shape[1:])))
+        schema = self._schema(tuple(layout), len(groups), groups[0][0].dtype)
+        if num_targets is None and type(self.cost_model) is HSTUCostModel:
+            # lengths checked above; a, b >= 0 and finite: the costs are finite and >= 0
+            costs = self.cost_model.cost_host(lens[0])
+        else:  # any cost model (it checks num_targets): check what it returns
+            nt = num_targets.detach().cpu() if num_targets is not None else None
+            costs = np.asarray(self.cost_model.cost(torch.from_numpy(lens[0]), nt), dtype=np.float64)
+            if costs.shape != (B,):
+                raise ValueError(f"cost_model: returned shape {tuple(costs.shape)} for {B} sequences")
+            if B and not (np.isfinite(costs).all() and costs.min() >= 0):
+                raise ValueError("cost_model: returned a non-finite or negative cost")
+        out = np.empty((B, len(groups)), dtype=np.int64)
+        for g, lc in enumerate(lens):
+            out[:, g] = lc
+        return schema, tensors, out, costs
 
     @staticmethod
     def _check_tensor(kind: str, name: str, t, rows: int, what: str, dev) -> None:
@@ -352,13 +370,16 @@ class AllToAllBalancer(RankPlanner):
             raise ValueError(f"{label}: requires grad; the exchange moves data and is not differentiable "
                              f"(balance the inputs, before the model)")
 
-    def _schema_hash(self, fields: List[Field], num_groups: int, lengths_dtype: torch.dtype) -> int:
-        """A 56-bit hash of the batch's layout, the same in every process (sha1, not ``hash``)."""
-        layout = tuple((f.name, f.group, str(f.dtype), f.trailing) for f in fields)
-        key = (layout, num_groups, str(lengths_dtype))
+    def _schema(self, layout: tuple, num_groups: int, lengths_dtype: torch.dtype) -> "_Schema":
+        """The batch's fields and a 56-bit hash of its layout, the same in every process (sha1, not
+        ``hash``); cached per layout."""
+        key = (layout, num_groups, lengths_dtype)
         got = self._schemas.get(key)
         if got is None:
-            got = self._schemas[key] = int.from_bytes(hashlib.sha1(repr(key).encode()).digest()[:7], "little")
+            text = repr((tuple((n, g, str(dt), tr) for n, g, dt, tr in layout), num_groups, str(lengths_dtype)))
+            got = self._schemas[key] = _Schema(
+                tuple(Field(n, g, dt, tr) for n, g, dt, tr in layout),
+                int.from_bytes(hashlib.sha1(text.encode()).digest()[:7], "little"))
         return got
 
     def _gather_metadata(self, header: List[int], meta: np.ndarray, error: Optional[ValueError],
@@ -373,65 +394,69 @@ class AllToAllBalancer(RankPlanner):
         send[:_HEADER] = header + [words]
         if words <= cap:
             send[_HEADER:_HEADER + words] = meta
-        got = _all_gather(torch.from_numpy(send).to(dev), world, group).cpu().numpy()
+        got = self._gather_host(send, world, group, dev)
         heads = got[:, :_HEADER]
-        bad = np.flatnonzero(heads[:, 2]).tolist()
+        rows = heads.tolist()  # a few words per rank: Python lists beat numpy here
         if error is not None:
             raise ValueError(f"rank {rank}: {error}") from error
-        if bad:
+        if any(r[2] for r in rows):
+            bad = [i for i, r in enumerate(rows) if r[2]]
             raise ValueError(f"balance: bad input on rank(s) {bad} (their error says which)")
-        if (heads[:, 1] != heads[0, 1]).any():
+        if any(r[1] != rows[0][1] for r in rows):
             raise ValueError(f"balance: ranks disagree on the batch's fields, dtypes, trailing shapes "
-                             f"or jagged groups (schema hash per rank: {heads[:, 1].tolist()})")
-        need = int(heads[:, 3].max())
+                             f"or jagged groups (schema hash per rank: {[r[1] for r in rows]})")
+        need = max(r[3] for r in rows)
         if need <= cap:
             return heads, got[:, _HEADER:]
         self._capacity[group] = 2 * need  # headroom: the next batches fit in one gather
         body = np.zeros(need, dtype=np.int64)
         body[:words] = meta
-        return heads, _all_gather(torch.from_numpy(body).to(dev), world, group).cpu().numpy()
+        return heads, self._gather_host(body, world, group, dev)
+
+    @staticmethod
+    def _gather_host(a: np.ndarray, world: int, group, dev: torch.device) -> np.ndarray:
+        """``[world, *a.shape]``: every rank's host array ``a`` (sent from ``dev``)."""
+        t = torch.from_numpy(a)
+        if dev.type != "cpu":
+            return _all_gather(t.to(dev), world, group).cpu().numpy()
+        return _all_gather(t, world, group).numpy()
 
     def _balance(self, groups, sample_fields, num_targets, group) -> BalancedBatch:
         world, rank = _world(group)
         dev = groups[0][0].device if isinstance(groups[0][0], torch.Tensor) else torch.device("cpu")
+        G = len(groups)
         error, header, meta = None, [0, 0, 1], np.zeros(0, dtype=np.int64)
         try:
-            fields, lens, costs = self._validate(groups, sample_fields, num_targets)
-            header = [costs.size, self._schema_hash(fields, len(groups), groups[0][0].dtype), 0]
-            meta = np.stack([costs.view(np.int64)] + lens, 1).reshape(-1)  # [B, 1 + G]
+            schema, tensors, lens, costs = self._validate(groups, sample_fields, num_targets)
+            header = [costs.size, schema.hash, 0]
+            meta = np.empty((costs.size, 1 + G), dtype=np.int64)
+            meta[:, 0] = costs.view(np.int64)
+            meta[:, 1:] = lens
+            meta = meta.reshape(-1)
         except ValueError as exc:
             error = exc
         heads, body = self._gather_metadata(header, meta, error, world, rank, group, dev)
-        counts = _ints(heads[:, 0])
-        G = len(groups)
-        rows = np.concatenate([body[r, :counts[r] * (1 + G)] for r in range(world)]).reshape(-1, 1 + G)
-        gcosts = np.ascontiguousarray(rows[:, 0]).view(np.float64)
+        counts = np.ascontiguousarray(heads[:, 0])
+        rows = np.concatenate([body[r, :int(counts[r]) * (1 + G)] for r in range(world)]).reshape(-1, 1 + G)
+        gcosts = np.ascontiguousarray(rows[:, 0]).view(np.float64)  # checked where they were computed
         glengths = rows[:, 1:]
-        bins = self.plan_costs(gcosts, glengths[:, 0], world).numpy()
-        ex = _plan_exchange(counts, bins, gcosts, glengths, world, rank, group, dev)
-        # ---- pack: sample rows in send order, token rows in send order per group; one all_to_all
-        tensors, send_per, recv_per = [], [], []
-        for f in fields:
-            if f.group < 0:
-                tensors.append(num_targets if f.name == _TARGETS else sample_fields[f.name])
-                send_per.append(ex.send_counts)
-                recv_per.append(ex.recv_counts)
-            else:
-                tensors.append(groups[f.group][1][f.name])
-                send_per.append(ex.send_tokens[f.group])
-                recv_per.append(ex.recv_tokens[f.group])
-        got: List[torch.Tensor] = []
-        if fields:
-            buf, send_bytes = pack_batch(tensors, fields, ex.order, np.stack(lens, 1), bins[ex.start:ex.start + counts[rank]],
-                                         send_per, world, dev)
-            recv = _all_to_all(buf, send_bytes, peer_bytes(fields, recv_per, world), world, group)
-            got = unpack(recv, fields, recv_per, world)
+        sizes = glengths[:, 0].astype(np.float64) if self.max_tokens_per_rank is not None else None
+        bins = self._plan_host(gcosts, sizes, world)
+        plan, buf = plan_pack(rows, counts, bins, rank, tensors, schema.fields, dev, schema.groups, schema.row_bytes)
+        ex = _Exchange(world, group, plan, gcosts, glengths)
+        # ---- one all_to_all of every field
+        got = unpack(_all_to_all(buf, plan.send_bytes, plan.recv_bytes, world, group), schema.fields,
+                     plan.recv_rows)
         # ---- assemble
-        mine = torch.from_numpy(np.ascontiguousarray(glengths[ex.recv_global].T))
-        out_groups = [(mine[g].to(device=dev, dtype=groups[g][0].dtype), {}) for g in range(G)]
+        out_groups = []
+        for g in range(G):
+            ln = plan.recv_lengths[g]
+            if ln.dtype != groups[g][0].dtype or dev.type != "cpu":
+                ln = ln.to(device=dev, dtype=groups[g][0].dtype)
+            out_groups.append((ln, {}))
         out_samples: Dict[str, torch.Tensor] = {}
         nt = None
-        for f, t in zip(fields, got):
+        for f, t in zip(schema.fields, got):
             if f.group >= 0:
                 out_groups[f.group][1][f.name] = t
             elif f.name == _TARGETS:
@@ -439,3 +464,17 @@ class AllToAllBalancer(RankPlanner):
             else:
                 out_samples[f.name] = t
         return BalancedBatch(out_groups[0][0], out_groups[0][1], out_samples, nt, ex, out_groups)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Schema:
+    """The fields of a batch layout (the order they travel in) and its cross-process hash."""
+
+    fields: Tuple[Field, ...]
+    hash: int
+    groups: List[int] = dataclasses.field(init=False, compare=False)     # per field, for the kernels
+    row_bytes: List[int] = dataclasses.field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "groups", [f.group for f in self.fields])
+        object.__setattr__(self, "row_bytes", [f.row_bytes for f in self.fields])

@@ -3,20 +3,25 @@
 Per peer, the buffer holds each field's rows for that peer back to back, every segment padded to
 :data:`ALIGN` bytes, so the receiver views each segment back in its dtype without a copy.  The
 sender and the receiver derive the same layout from the row counts per (field, peer).
+
+:func:`plan_pack` also works out the exchange itself from the global plan (who sends which rows
+to whom, who receives what), in one csrc call (``lb_exchange_pack``) where the extension is built,
+else with the numpy/torch reference :func:`_plan_pack_reference` (the same result).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from ...ops.extension import kernel
 
-__all__ = ["ALIGN", "Field", "pack", "pack_batch", "unpack", "scatter_rows", "to_bytes", "token_index"]
+__all__ = ["ALIGN", "ExchangePlan", "Field", "pack", "plan_pack", "unpack", "scatter_rows", "to_bytes",
+           "token_index"]
 
 ALIGN = 16  # bytes; covers every dtype's alignment (complex128 included)
 
@@ -28,16 +33,24 @@ def _pad(n: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class Field:
     """One tensor of a batch: sample-level (``group=-1``) or tokens of jagged group ``group``;
-    ``trailing`` is its shape after the first dimension."""
+    ``trailing`` is its shape after the first dimension.  ``kind`` is its row of an
+    :class:`ExchangePlan`'s table (1: samples, ``2 + g``: tokens of group ``g``); ``like`` an empty
+    ``[0, *trailing]`` CPU tensor of its dtype (what the csrc kernels shape their output after)."""
 
     name: str
     group: int
     dtype: torch.dtype
     trailing: Tuple[int, ...]
     row_bytes: int = dataclasses.field(init=False, compare=False)
+    like: torch.Tensor = dataclasses.field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "row_bytes", self.dtype.itemsize * math.prod(self.trailing))
+        object.__setattr__(self, "like", torch.empty((0,) + tuple(self.trailing), dtype=self.dtype))
+
+    @property
+    def kind(self) -> int:
+        return 2 + self.group
 
 
 def to_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -69,40 +82,133 @@ def pack(rows: Sequence[torch.Tensor], fields: Sequence[Field], per_peer: Sequen
     return buf, sizes
 
 
-def pack_batch(tensors: Sequence[torch.Tensor], fields: Sequence[Field], order: np.ndarray,
-               lengths: np.ndarray, dest: np.ndarray, per_peer: Sequence[Sequence[int]], world: int,
-               device: torch.device) -> Tuple[torch.Tensor, List[int]]:
-    """The send buffer of a local batch: ``tensors[f]`` is field ``f``'s local tensor (sample
-    rows, or token rows of jagged group ``fields[f].group`` with ``lengths [B, G]``); samples go in
-    ``order`` (local indices grouped by ascending destination ``dest [B]``), ``per_peer[f][p]`` rows
-    of field ``f`` to peer ``p``.  Returns the buffer and the bytes per peer (as :func:`pack`)."""
-    fn = kernel("lb_pack") if device.type == "cpu" else None
-    if fn is not None:
-        buf, sizes = fn(list(tensors), [f.group for f in fields], [f.row_bytes for f in fields],
-                        torch.from_numpy(order), torch.from_numpy(lengths), torch.from_numpy(dest),
-                        world, ALIGN)
-        return buf, sizes.tolist()
+def _ints(a: np.ndarray) -> List[int]:
+    return [int(x) for x in a.tolist()]
+
+
+@dataclasses.dataclass
+class ExchangePlan:
+    """One rank's view of an exchange (from :func:`plan_pack`).
+
+    ``table`` int64 ``[2, 2 + G, world]``: (send, recv) x (bytes, samples, tokens of jagged group
+    ``0 .. G-1``) per peer; ``order [B]`` the local samples grouped by destination (ascending,
+    stable), ``recv_global [B']`` the global indices received (ascending), ``recv_lengths [G, B']``
+    their token counts (CPU int64)."""
+
+    counts: List[int]                # local batch size of every rank
+    bins: np.ndarray                 # [N] destination rank of every global sample
+    rank: int
+    start: int                       # global index of this rank's first sample
+    table: torch.Tensor
+    order: np.ndarray
+    recv_global: np.ndarray
+    recv_lengths: torch.Tensor
+    send_order: torch.Tensor = dataclasses.field(init=False, repr=False)  # ``order`` as a CPU tensor
+    lists: List[List[List[int]]] = dataclasses.field(init=False, repr=False)  # ``table.tolist()``
+
+    def __post_init__(self) -> None:
+        self.send_order = torch.from_numpy(self.order)
+        self.lists = self.table.tolist()
+
+    @property
+    def send_bytes(self) -> List[int]:
+        return self.lists[0][0]
+
+    @property
+    def recv_bytes(self) -> List[int]:
+        return self.lists[1][0]
+
+    @property
+    def send_counts(self) -> List[int]:
+        return self.lists[0][1]
+
+    @property
+    def recv_counts(self) -> List[int]:
+        return self.lists[1][1]
+
+    def send_tokens(self, g: int) -> List[int]:
+        return self.lists[0][2 + g]
+
+    def recv_tokens(self, g: int) -> List[int]:
+        return self.lists[1][2 + g]
+
+    @property
+    def recv_rows(self) -> torch.Tensor:
+        """``[2 + G, world]`` the recv half of ``table``: bytes, then rows received per kind
+        (samples, tokens of each group; :attr:`Field.kind`) and peer."""
+        return self.table[1]
+
+
+def plan_pack(rows: np.ndarray, counts: np.ndarray, bins: np.ndarray, rank: int,
+              tensors: Sequence[torch.Tensor], fields: Sequence[Field], device: torch.device,
+              groups: Optional[List[int]] = None, row_bytes: Optional[List[int]] = None
+              ) -> Tuple[ExchangePlan, torch.Tensor]:
+    """The exchange of a planned global batch for ``rank`` and its send buffer (on ``device``).
+
+    ``rows`` int64 ``[N, 1 + G]`` of the global batch (column 0 is not read, then the lengths of
+    every jagged group), rank ``r``'s samples at ``sum(counts[:r]) ..``; ``bins [N]`` the rank of
+    every sample; ``tensors[f]`` this rank's local tensor of ``fields[f]``.  The buffer holds, per
+    peer, every field's rows for it (module docstring), samples in local index order.  ``groups``
+    / ``row_bytes``: the fields' ``group`` / ``row_bytes`` lists, if the caller keeps them."""
+    fn = kernel("lb_exchange_pack") if device.type == "cpu" else None
+    if fn is None:
+        buf, table, order, recv_global, recv_lengths = _plan_pack_reference(rows, counts, bins, rank, tensors,
+                                                                            fields, device)
+    else:
+        buf, table, order, recv_global, recv_lengths = fn(
+            torch.from_numpy(rows), torch.from_numpy(counts), torch.from_numpy(bins), rank, tensors,
+            [f.group for f in fields] if groups is None else groups,
+            [f.row_bytes for f in fields] if row_bytes is None else row_bytes, ALIGN)
+        order, recv_global = order.numpy(), recv_global.numpy()
+    c = counts.tolist()
+    return ExchangePlan(c, bins, rank, sum(c[:rank]), table, order, recv_global, recv_lengths), buf
+
+
+def _plan_pack_reference(rows: np.ndarray, counts: np.ndarray, bins: np.ndarray, rank: int,
+                         tensors: Sequence[torch.Tensor], fields: Sequence[Field], device: torch.device):
+    """:func:`plan_pack` with numpy and torch ops (without the extension, or off the CPU):
+    ``(buffer, table, order, recv_global, recv_lengths)`` as ``lb_exchange_pack`` returns them."""
+    world = len(counts)
+    glengths = rows[:, 1:]
+    G = glengths.shape[1]
+    owner = np.repeat(np.arange(world, dtype=np.int64), counts)
+    start = int(counts[:rank].sum())
+    B = int(counts[rank])
+    local, llen = bins[start:start + B], glengths[start:start + B]
+    mine = bins == rank
+    order = np.argsort(local, kind="stable")
+    send = [_ints(np.bincount(local, minlength=world))] + [
+        _ints(np.bincount(local, llen[:, g], world)) for g in range(G)]
+    recv = [_ints(np.bincount(owner[mine], minlength=world))] + [
+        _ints(np.bincount(owner[mine], glengths[mine, g], world)) for g in range(G)]
+    send_per = [send[f.kind - 1] for f in fields]
+    table = torch.tensor([[peer_bytes(fields, send_per, world)] + send,
+                          [peer_bytes(fields, [recv[f.kind - 1] for f in fields], world)] + recv],
+                         dtype=torch.int64).reshape(2, 2 + G, world)
     send_order = torch.from_numpy(order).to(device)
-    tok = {g: torch.from_numpy(token_index(lengths[:, g], order)).to(device)
+    tok = {g: torch.from_numpy(token_index(llen[:, g], order)).to(device)
            for g in sorted({f.group for f in fields if f.group >= 0})}
-    rows = [t.index_select(0, send_order if f.group < 0 else tok[f.group]) for t, f in zip(tensors, fields)]
-    return pack(rows, fields, per_peer, world, device)
+    picked = [t.index_select(0, send_order if f.group < 0 else tok[f.group]) for t, f in zip(tensors, fields)]
+    buf, _ = pack(picked, fields, send_per, world, device)
+    recv_global = np.flatnonzero(mine)
+    return buf, table, order, recv_global, torch.from_numpy(np.ascontiguousarray(glengths[mine].T))
 
 
-def unpack(buf: torch.Tensor, fields: Sequence[Field], per_peer: Sequence[Sequence[int]],
-           world: int) -> List[torch.Tensor]:
-    """Inverse of :func:`pack` on the receiving side: one tensor per field, peers in order."""
+def unpack(buf: torch.Tensor, fields: Sequence[Field], rows: torch.Tensor) -> List[torch.Tensor]:
+    """Inverse of :func:`pack` on the receiving side: one tensor per field, peers in order;
+    ``rows`` int64 ``[K, world]`` rows per kind (row :attr:`Field.kind` for each field) and peer
+    (:attr:`ExchangePlan.recv_rows`)."""
     fn = kernel("lb_unpack") if buf.device.type == "cpu" else None
     if fn is None:
-        return _unpack_reference(buf, fields, per_peer, world)
-    parts = fn(buf, [f.row_bytes for f in fields], torch.tensor(per_peer, dtype=torch.int64).reshape(-1, world),
-               ALIGN)
-    return [p.view(f.dtype).reshape((sum(n),) + f.trailing) for p, f, n in zip(parts, fields, per_peer)]
+        table = rows.tolist()
+        return _unpack_reference(buf, fields, [table[f.kind] for f in fields], rows.shape[1])
+    return fn(buf, [f.like for f in fields], [f.kind for f in fields], rows, ALIGN)
 
 
 def _unpack_reference(buf: torch.Tensor, fields: Sequence[Field], per_peer: Sequence[Sequence[int]],
                       world: int) -> List[torch.Tensor]:
-    """:func:`unpack` with torch views and ``cat`` (without the extension, or off the CPU)."""
+    """Inverse of :func:`pack` with torch views and ``cat`` (without the extension, or off the
+    CPU): ``per_peer[f][p]`` rows of field ``f`` from peer ``p``."""
     parts: List[List[torch.Tensor]] = [[] for _ in fields]
     pos = 0
     for p in range(world):
@@ -129,16 +235,16 @@ def token_index(lengths: np.ndarray, order: np.ndarray) -> np.ndarray:
     return np.repeat(shift, ln) + np.arange(int(ln.sum()), dtype=np.int64)
 
 
-def scatter_rows(buf: torch.Tensor, order: torch.Tensor, dtype: torch.dtype, trailing: Tuple[int, ...]) -> torch.Tensor:
-    """``out[order[i]] = row i`` of ``buf`` (1-D ``uint8``, ``len(order)`` rows of ``dtype`` and
-    shape ``trailing``): the inverse permutation of a gather by ``order``."""
+def scatter_rows(buf: torch.Tensor, order: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``out[order[i]] = row i`` of ``buf`` (1-D ``uint8``, ``len(order)`` rows of ``like``'s dtype
+    and trailing shape): the inverse permutation of a gather by ``order``."""
     n = int(order.numel())
-    fld = Field("", -1, dtype, tuple(trailing))
+    trailing = tuple(like.shape[1:])
     fn = kernel("lb_scatter_rows") if buf.device.type == "cpu" and order.device.type == "cpu" else None
-    if fn is not None and fld.row_bytes:
-        return fn(buf, order, fld.row_bytes).view(dtype).reshape((n,) + fld.trailing)
-    rows = buf.view(dtype).reshape((n,) + fld.trailing) if fld.row_bytes else \
-        torch.empty((n,) + fld.trailing, dtype=dtype, device=buf.device)
+    if fn is not None:
+        return fn(buf, order, like)
+    rows = buf.view(like.dtype).reshape((n,) + trailing) if buf.numel() else \
+        torch.empty((n,) + trailing, dtype=like.dtype, device=buf.device)
     out = torch.empty_like(rows)
     out.index_copy_(0, order.to(rows.device), rows)
     return out
