@@ -1098,6 +1098,29 @@ at::Tensor tbe_nobag_forward_op(const at::Tensor& host_weights, const at::Tensor
   return nobag(w, weights_offsets, D, indices, offsets, output_dtype);
 }
 
+// dense_embedding_codegen_lookup_function with its schema as the C++ signature: the direct CPU
+// kernel (and, through csrc/direct.h, the AutogradCPU one: without a gradient to record it
+// redispatches here; with one it takes the Python autograd function built from the op's spec).
+// SymInt arguments as in the schema (a symbolic size may reach the AutogradCPU kernel while
+// tracing); the kernel runs on concrete ints.
+at::Tensor dense_lookup_op(const at::Tensor& dev_weights, const at::Tensor& weights_offsets,
+                           const at::Tensor& D_offsets, c10::SymInt total_D, c10::SymInt max_D,
+                           const at::Tensor& /*hash_size_cumsum*/, int64_t /*total_hash_size_bits*/,
+                           const at::Tensor& indices, const at::Tensor& offsets, int64_t pooling_mode,
+                           const c10::optional<at::Tensor>& indice_weights,
+                           const c10::optional<at::Tensor>& /*feature_requires_grad*/,
+                           int64_t output_dtype, const c10::optional<at::Tensor>& B_offsets,
+                           const c10::optional<at::Tensor>& /*vbe_output_offsets_feature_rank*/,
+                           const c10::optional<at::Tensor>& /*vbe_B_offsets_rank_per_feature*/,
+                           c10::SymInt /*max_B*/, c10::SymInt /*max_B_feature_rank*/,
+                           c10::SymInt /*vbe_output_size*/, bool /*mixed_D*/) {
+  TORCH_CHECK_VALUE(!(B_offsets.has_value() && B_offsets->defined()),
+                    "B_offsets: variable batch size per feature (VBE) is not supported");
+  return dense_forward(dev_weights, weights_offsets, D_offsets, total_D.guard_int(__FILE__, __LINE__),
+                       max_D.guard_int(__FILE__, __LINE__), indices, offsets, pooling_mode,
+                       indice_weights.has_value() ? *indice_weights : at::Tensor(), output_dtype);
+}
+
 void bind_embedding(pybind11::module& m) {
   m.def("tbe_forward_unweighted", [](py::args a) { return tbe_forward(false, a); });
   m.def("tbe_forward_weighted", [](py::args a) { return tbe_forward(true, a); });
@@ -1109,6 +1132,7 @@ void bind_embedding(pybind11::module& m) {
       "split_embedding_codegen_forward_weighted_pt2_wrapper"));
   t.push_back(direct::entry<&tbe_nobag_forward_op>(
       "split_embedding_nobag_codegen_forward_unweighted_pt2_wrapper"));
+  t.push_back(direct::entry<&dense_lookup_op>("dense_embedding_codegen_lookup_function"));
   // fused backwards: tbe_backward_<optimizer>_{unweighted,weighted,nobag}
   const std::pair<const char*, Opt> opts[] = {{"sgd", Opt::kSgd}, {"adagrad", Opt::kAdagrad},
                                               {"rowwise_adagrad", Opt::kRowwiseAdagrad}, {"adam", Opt::kAdam}};
