@@ -128,23 +128,42 @@ void check_offsets(const std::vector<int64_t>& offs, int64_t n_bags, int64_t N) 
 // o[0, D) += sum_i s[i] * rows[i][0, D) (s == nullptr: all 1), fp32 with AVX2/FMA: columns in
 // blocks of 64 held in eight registers across all rows of the bag (the output is read and written
 // once per block, not once per row); the same block of row i + kAhead is prefetched (rows[] may
-// run past n into the next bags: n_ahead rows are readable).
+// run past n into the next bags: n_ahead rows are readable).  The weighted and unweighted sums
+// are separate loops (no per-row test of s), and the prefetch is branch-free: past the readable
+// rows it asks for the current row again, which is already in L1.
+template <bool kWeighted>
+__attribute__((target("avx2,fma"))) inline void pool_block_avx2(
+    float* o, const float* const* rows, const float* s, int64_t n, int64_t n_ahead, int64_t d0) {
+  __m256 a[8];
+  for (int j = 0; j < 8; ++j) a[j] = _mm256_loadu_ps(o + d0 + 8 * j);
+  for (int64_t i = 0; i < n; ++i) {
+    const char* p = reinterpret_cast<const char*>(rows[i + kAhead < n_ahead ? i + kAhead : i] + d0);
+    const float* r = rows[i] + d0;
+    if constexpr (kWeighted) {
+      const __m256 sv = _mm256_set1_ps(s[i]);
+      for (int j = 0; j < 8; ++j) {
+        a[j] = _mm256_fmadd_ps(sv, _mm256_loadu_ps(r + 8 * j), a[j]);
+        if (j % 2 == 0) _mm_prefetch(p + 32 * j, _MM_HINT_T0);
+      }
+    } else {
+      for (int j = 0; j < 8; ++j) {
+        a[j] = _mm256_add_ps(_mm256_loadu_ps(r + 8 * j), a[j]);
+        if (j % 2 == 0) _mm_prefetch(p + 32 * j, _MM_HINT_T0);
+      }
+    }
+  }
+  for (int j = 0; j < 8; ++j) _mm256_storeu_ps(o + d0 + 8 * j, a[j]);
+}
+
 __attribute__((target("avx2,fma")))
 void pool_f32_avx2(float* o, const float* const* rows, const float* s, int64_t n, int64_t n_ahead, int64_t D) {
   int64_t d0 = 0;
   for (; d0 + 64 <= D; d0 += 64) {
-    __m256 a[8];
-    for (int j = 0; j < 8; ++j) a[j] = _mm256_loadu_ps(o + d0 + 8 * j);
-    for (int64_t i = 0; i < n; ++i) {
-      if (i + kAhead < n_ahead) {
-        const char* p = reinterpret_cast<const char*>(rows[i + kAhead] + d0);
-        for (int c = 0; c < 256; c += 64) _mm_prefetch(p + c, _MM_HINT_T0);
-      }
-      const float* r = rows[i] + d0;
-      const __m256 sv = _mm256_set1_ps(s ? s[i] : 1.0f);
-      for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(sv, _mm256_loadu_ps(r + 8 * j), a[j]);
+    if (s) {
+      pool_block_avx2<true>(o, rows, s, n, n_ahead, d0);
+    } else {
+      pool_block_avx2<false>(o, rows, s, n, n_ahead, d0);
     }
-    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(o + d0 + 8 * j, a[j]);
   }
   if (d0 < D) {
     for (int64_t i = 0; i < n; ++i) {
@@ -217,11 +236,21 @@ struct RowPrefetcher {
   }
 };
 
+[[noreturn]] __attribute__((noinline, cold)) void row_outside(int64_t pos, int64_t idx) {
+  TORCH_CHECK_VALUE(false, "indices: indices[", pos, "]=", idx, " addresses a row outside the "
+                    "weights (run bounds_check_indices first)");
+  __builtin_unreachable();
+}
+
+// The row of indices[pos] = idx, starting at `start`, lies inside the weights.  Inlined into the
+// per-index loops, with the message built out of line (as a call per index it cost a few % of
+// the pooled forward).
 template <typename index_t>
-void check_row(int64_t start, int64_t D, int64_t numel, int64_t pos, index_t idx) {
-  TORCH_CHECK_VALUE(idx >= 0 && start >= 0 && start + D <= numel, "indices: indices[", pos, "]=",
-                    static_cast<int64_t>(idx), " addresses a row outside the weights (run "
-                    "bounds_check_indices first)");
+inline __attribute__((always_inline)) void check_row(int64_t start, int64_t D, int64_t numel,
+                                                     int64_t pos, index_t idx) {
+  if (__builtin_expect(!(idx >= 0 && start >= 0 && start + D <= numel), 0)) {
+    row_outside(pos, static_cast<int64_t>(idx));
+  }
 }
 
 at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offsets,
@@ -261,15 +290,18 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
       parallel_over(T * B, work, [&](int64_t k0, int64_t k1) {
         RowPrefetcher<scalar_t, index_t> ahead{offs, w_off, dims.data(), 0, B, offs[k1], wn, wp, ip, k0};
         // fp32 on AVX2: the chunk's row pointers first (checked), then the blocked sum per bag
-        thread_local std::vector<const float*> rows;  // reused: no page faults per call
+        thread_local std::vector<const float*> rows_tls;  // reused: no page faults per call
+        auto& rows = rows_tls;  // one TLS lookup (a call in a shared object), not one per use
         if (kF32 && kHaveAvx2) {
           rows.resize(offs[k1] - offs[k0]);
+          const float** rp = rows.data() - offs[k0];
+          const float* wf = reinterpret_cast<const float*>(wp);
           for (int64_t k = k0; k < k1; ++k) {
-            const int64_t t = k / B, D = dims[t];
+            const int64_t t = k / B, D = dims[t], base = w_off[t];
             for (int64_t i = offs[k]; i < offs[k + 1]; ++i) {
-              const int64_t start = w_off[t] + static_cast<int64_t>(ip[i]) * D;
+              const int64_t start = base + static_cast<int64_t>(ip[i]) * D;
               check_row(start, D, wn, i, ip[i]);
-              rows[i - offs[k0]] = reinterpret_cast<const float*>(wp) + start;
+              rp[i] = wf + start;
             }
           }
         }
@@ -1066,6 +1098,29 @@ at::Tensor tbe_nobag_forward_op(const at::Tensor& host_weights, const at::Tensor
   return nobag(w, weights_offsets, D, indices, offsets, output_dtype);
 }
 
+// dense_embedding_codegen_lookup_function with its schema as the C++ signature: the direct CPU
+// kernel (and, through csrc/direct.h, the AutogradCPU one: without a gradient to record it
+// redispatches here; with one it takes the Python autograd function built from the op's spec).
+// SymInt arguments as in the schema (a symbolic size may reach the AutogradCPU kernel while
+// tracing); the kernel runs on concrete ints.
+at::Tensor dense_lookup_op(const at::Tensor& dev_weights, const at::Tensor& weights_offsets,
+                           const at::Tensor& D_offsets, c10::SymInt total_D, c10::SymInt max_D,
+                           const at::Tensor& /*hash_size_cumsum*/, int64_t /*total_hash_size_bits*/,
+                           const at::Tensor& indices, const at::Tensor& offsets, int64_t pooling_mode,
+                           const c10::optional<at::Tensor>& indice_weights,
+                           const c10::optional<at::Tensor>& /*feature_requires_grad*/,
+                           int64_t output_dtype, const c10::optional<at::Tensor>& B_offsets,
+                           const c10::optional<at::Tensor>& /*vbe_output_offsets_feature_rank*/,
+                           const c10::optional<at::Tensor>& /*vbe_B_offsets_rank_per_feature*/,
+                           c10::SymInt /*max_B*/, c10::SymInt /*max_B_feature_rank*/,
+                           c10::SymInt /*vbe_output_size*/, bool /*mixed_D*/) {
+  TORCH_CHECK_VALUE(!(B_offsets.has_value() && B_offsets->defined()),
+                    "B_offsets: variable batch size per feature (VBE) is not supported");
+  return dense_forward(dev_weights, weights_offsets, D_offsets, total_D.guard_int(__FILE__, __LINE__),
+                       max_D.guard_int(__FILE__, __LINE__), indices, offsets, pooling_mode,
+                       indice_weights.has_value() ? *indice_weights : at::Tensor(), output_dtype);
+}
+
 void bind_embedding(pybind11::module& m) {
   m.def("tbe_forward_unweighted", [](py::args a) { return tbe_forward(false, a); });
   m.def("tbe_forward_weighted", [](py::args a) { return tbe_forward(true, a); });
@@ -1077,6 +1132,7 @@ void bind_embedding(pybind11::module& m) {
       "split_embedding_codegen_forward_weighted_pt2_wrapper"));
   t.push_back(direct::entry<&tbe_nobag_forward_op>(
       "split_embedding_nobag_codegen_forward_unweighted_pt2_wrapper"));
+  t.push_back(direct::entry<&dense_lookup_op>("dense_embedding_codegen_lookup_function"));
   // fused backwards: tbe_backward_<optimizer>_{unweighted,weighted,nobag}
   const std::pair<const char*, Opt> opts[] = {{"sgd", Opt::kSgd}, {"adagrad", Opt::kAdagrad},
                                               {"rowwise_adagrad", Opt::kRowwiseAdagrad}, {"adam", Opt::kAdam}};

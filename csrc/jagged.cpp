@@ -211,15 +211,15 @@ at::Tensor jagged_to_padded_dense_impl(const at::Tensor& values,
   std::vector<int64_t> shape = {B};
   shape.insert(shape.end(), max_lengths.begin(), max_lengths.end());
   for (int64_t i = 1; i < v.dim(); ++i) shape.push_back(v.size(i));
-  // padding 0 (+0.0, all bits zero) on a large output: an already-zero fresh mapping, only the
-  // data rows are written; else (as fbgemm) each row's data copied and its padding filled
-  int64_t bytes = static_cast<int64_t>(v.element_size());
-  for (auto n : shape) bytes *= n;
-  const bool zero_pad = padding_value == 0.0 && !std::signbit(padding_value) &&
-                        bytes >= kLazyZeroBytes;
-  auto out = zero_pad ? zeroed_output(shape, v.options()) : empty_output(shape, v.options());
+  // every byte of the output written once: each row's data copied, its padding filled (a
+  // padding of +0.0, all bits zero, by memset).  A lazily zeroed fresh mapping (only the data
+  // rows written) was tried: it pays a page fault per 4 KiB of data on every call, while
+  // at::empty reuses a block the allocator already mapped (e.g. the previous call's output), so
+  // on a warm heap it measured 1.7x fbgemm's time (AVX2-only 2-core AMD EPYC VM, B=64, D=256)
+  auto out = empty_output(shape, v.options());
   const int64_t slots = rows.R * rows.N;
   if (slots == 0 || D == 0) return out;
+  const bool zero_pad = padding_value == 0.0 && !std::signbit(padding_value);
   TRASC_DISPATCH_ALL(v.scalar_type(), "jagged_to_padded_dense", [&] {
     const scalar_t* src = v.data_ptr<scalar_t>();
     scalar_t* dst = out.data_ptr<scalar_t>();
@@ -230,7 +230,11 @@ at::Tensor jagged_to_padded_dense_impl(const at::Tensor& values,
         scalar_t* d = dst + r * rows.N * D;
         const int64_t n = rows.len[r] * D;
         copy_row(d, src + rows.begin[r] * D, n);
-        if (!zero_pad) fill_row(d + n, pad, rows.N * D - n);
+        if (zero_pad) {
+          std::memset(static_cast<void*>(d + n), 0, sizeof(scalar_t) * (rows.N * D - n));
+        } else {
+          fill_row(d + n, pad, rows.N * D - n);
+        }
       }
     });
   });

@@ -400,17 +400,26 @@ PermuteOut permute_1D_sparse_data(const at::Tensor& permute, const at::Tensor& l
 }
 
 // out[s[i]] = i for i in [0, n) up to the first entry outside [0, n); returns its position (n
-// when there is none).  The loop body is load, compare-and-branch, store: as few instructions as
-// fbgemm's unchecked loop.  A branch-free clamp, or failing from inside the loop, kept more live
-// state per entry and measured 10-15% slower on this random-store-bound scatter.  Not inlined:
-// inside the caller GCC reloaded n from the stack on every entry.
+// when there is none).  Four entries per step with one combined range test: the loop does the
+// loads and stores of fbgemm's unchecked loop plus one predictable branch per four entries (one
+// test per entry measured ~5-20% slower than the unchecked loop on this random-store-bound
+// scatter).  Not inlined: inside the caller GCC reloaded n from the stack on every entry.
 template <typename index_t>
 static __attribute__((noinline)) int64_t scatter_positions(const index_t* __restrict__ s,
                                                         index_t* __restrict__ d, int64_t n) {
   using uindex_t = std::make_unsigned_t<index_t>;
   const uint64_t un = static_cast<uint64_t>(n);
   int64_t i = 0;
-  for (; i < n; ++i) {
+  for (; i + 4 <= n; i += 4) {
+    const uint64_t a0 = static_cast<uindex_t>(s[i]), a1 = static_cast<uindex_t>(s[i + 1]);
+    const uint64_t a2 = static_cast<uindex_t>(s[i + 2]), a3 = static_cast<uindex_t>(s[i + 3]);
+    if (__builtin_expect((a0 >= un) | (a1 >= un) | (a2 >= un) | (a3 >= un), 0)) break;
+    d[a0] = static_cast<index_t>(i);
+    d[a1] = static_cast<index_t>(i + 1);
+    d[a2] = static_cast<index_t>(i + 2);
+    d[a3] = static_cast<index_t>(i + 3);
+  }
+  for (; i < n; ++i) {  // the tail, and the step holding the first bad entry
     const uint64_t a = static_cast<uindex_t>(s[i]);
     if (__builtin_expect(a >= un, 0)) break;
     d[a] = static_cast<index_t>(i);

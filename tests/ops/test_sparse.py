@@ -288,6 +288,22 @@ def test_invert_permute(backend, dtype, n):
     assert torch.equal(p[got.long()], torch.arange(n, dtype=dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_invert_permute_names_the_first_entry_outside(dtype):
+    """The csrc kernel tests four entries per step: an entry outside [0, n) is reported by its own
+    position wherever it lies in a step (and in the tail), the first one when there are two."""
+    _need("invert_permute", "cpu_kernel")
+    n = 11  # two steps of four, then a tail of three
+    for pos in range(n):
+        for bad in (n, -1):
+            p = torch.randperm(n, generator=torch.Generator().manual_seed(pos)).to(dtype)
+            p[pos] = bad
+            if pos + 2 < n:
+                p[pos + 2] = n + 5  # a later bad entry: not the one reported
+            with pytest.raises(ValueError, match=rf"permute: entry {pos} is {bad}, outside \[0, {n}\)"):
+                _run("invert_permute", "cpu_kernel", p)
+
+
 def _test_expand_into_jagged_permute(backend, t, max_len, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     lengths = _lengths(t, max_len, dtype, g)
