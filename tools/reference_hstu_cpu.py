@@ -201,7 +201,7 @@ class CpuRank(str):
     """``"cpu"`` as a device for ``.to()`` / ``device=``, equal to 0 for ``rank == 0`` tests."""
 
     def __eq__(self, other: object) -> bool:
-        return other == 0 or str.__eq__(self, other)
+        return other == 0 or (isinstance(other, str) and str.__eq__(self, other))
 
     def __ne__(self, other: object) -> bool:
         return not self.__eq__(other)
