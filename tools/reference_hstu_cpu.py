@@ -212,7 +212,8 @@ class CpuRank(str):
 class Clock:
     """Training tokens and seconds per epoch, evaluation seconds, epoch-end metrics."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_epoch: Optional[Callable[["Clock"], None]] = None) -> None:
+        self.on_epoch = on_epoch  # called after each epoch (e.g. to write partial results)
         self.epochs: List[Dict[str, Any]] = []
         self.eval_s = 0.0  # all evaluation time so far
         self.in_epoch_eval = False
@@ -276,6 +277,8 @@ class Clock:
         print(f"[reference_hstu_cpu] epoch {ep['epoch']}: {ep['steps']} steps, "
               f"{ep['tokens']:,} tokens in {ep['train_s']:.1f} s = {ep['tokens_per_s'] or 0:,.0f} "
               f"tokens/s; " + " ".join(f"{k} {m[k]:.4f}" for k in METRICS if k in m), flush=True)
+        if self.on_epoch is not None:
+            self.on_epoch(self)
 
 
 class _TimedLoader:
@@ -324,8 +327,15 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     os.makedirs(workdir, exist_ok=True)
     dp = prepare_data(preprocessor.MovielensDataProcessor, args.ratings, workdir, args.seed)
 
-    clock = Clock()
+    start = time.perf_counter()
     datasets: Dict[str, Any] = {}
+
+    def write_partial(c: Clock) -> None:  # results so far, in case the run is cut short
+        if "metrics" in c.epochs[-1]:
+            write_results(args.out, results(args, c, time.perf_counter() - start,
+                                            datasets["reco"], bindings, partial=True))
+
+    clock = Clock(write_partial)
     orig_get_dataset, orig_loader = ref_train.get_reco_dataset, ref_train.create_data_loader
 
     def get_dataset(*a: Any, **kw: Any) -> Any:
@@ -366,17 +376,26 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                 "create_data_loader.prefetch_factor = "
                 + ("None" if args.num_workers == 0 else "128")]
     gin.parse_config_files_and_bindings([gin_file], bindings)
-    tic = time.perf_counter()
     with _patched(changes), _cwd(workdir):
         ref_train.train_fn(CpuRank("cpu"), 1, args.master_port)
-    clock.finish_epoch()
-    wall = time.perf_counter() - tic
-    return results(args, clock, wall, datasets["reco"], bindings)
+        clock.on_epoch = None
+        clock.finish_epoch()
+    return results(args, clock, time.perf_counter() - start, datasets["reco"], bindings)
+
+
+def write_results(out: str, res: Dict[str, Any]) -> str:
+    """Write ``res`` to ``<out>/results.json`` (atomically); return the path."""
+    path = os.path.join(out, "results.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(res, f, indent=1)
+    os.replace(path + ".tmp", path)
+    return path
 
 
 def results(args: argparse.Namespace, clock: Clock, wall: float, reco: Any,
-            bindings: List[str]) -> Dict[str, Any]:
-    """The run as a ``results.json`` that ``tools/results_table.py`` reads."""
+            bindings: List[str], partial: bool = False) -> Dict[str, Any]:
+    """The run as a ``results.json`` that ``tools/results_table.py`` reads (``partial``: written
+    after an epoch of a run still going; ``epochs_done`` says how many)."""
     import torch
 
     eps = clock.epochs
@@ -399,7 +418,8 @@ def results(args: argparse.Namespace, clock: Clock, wall: float, reco: Any,
         "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
         "data": {"users": last.get("users"), "items": len(reco.all_item_ids),
                  "max_item_id": reco.max_item_id, "train_tokens_per_epoch": last["tokens"]},
-        "config_values": {"train": {"epochs": float(args.epochs)}},
+        "partial": partial, "epochs_done": len(eps),
+        "config_values": {"train": {"epochs": float(len(eps))}},
         "models": {"hstu": {
             "test": {k: last["metrics"][k] for k in METRICS},
             "tokens_per_s": last["tokens_per_s"],
@@ -437,9 +457,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     logging.basicConfig(stream=sys.stdout, level=logging.INFO)
     res = run(args)
-    path = os.path.join(args.out, "results.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
+    path = write_results(args.out, res)
     r = res["models"]["hstu"]
     print(f"[reference_hstu_cpu] wrote {path}: " +
           " ".join(f"{k} {r['test'][k]:.4f}" for k in METRICS) +
