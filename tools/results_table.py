@@ -9,7 +9,8 @@ a model without ``test`` (a periodic validation) prints its validation row only.
 row per run x model x split (valid, test) and per most-popular baseline (once where runs share
 it), then the published rows, then each run's HSTU test metrics relative to each published row.
 A file with ``compare_to`` (a list of run labels, e.g. a reference run measured on the same
-machine) also prints every other run's HSTU test metrics and tokens/s relative to each of them.
+machine) also prints, for each of them, the HSTU test metrics and tokens/s of every other run
+with the same number of epochs relative to it.
 """
 
 from __future__ import annotations
@@ -78,9 +79,14 @@ def ratio_rows(doc: Dict[str, Any], model: str = "hstu") -> List[str]:
     return out
 
 
+def _epochs(run: Dict[str, Any]) -> Optional[float]:
+    return run["results"].get("config_values", {}).get("train", {}).get("epochs")
+
+
 def run_ratio_rows(doc: Dict[str, Any], model: str = "hstu") -> List[str]:
-    """Each run's ``model`` test metrics and tokens/s relative to each run named in
-    ``compare_to`` (ours / theirs - 1; tokens/s as a factor)."""
+    """``model`` test metrics and tokens/s of each run relative to each run named in
+    ``compare_to`` with the same ``config_values.train.epochs`` (ours / theirs - 1; tokens/s as
+    a factor)."""
     against = doc.get("compare_to", [])
     if not against:
         return []
@@ -91,9 +97,10 @@ def run_ratio_rows(doc: Dict[str, Any], model: str = "hstu") -> List[str]:
     out = [_row(head), _row(["---"] * len(head))]
     for base in against:
         theirs = doc["runs"][base]["results"]["models"][model]
+        epochs = _epochs(doc["runs"][base])
         for label, run in doc["runs"].items():
             ours = run["results"]["models"].get(model)
-            if label == base or ours is None or "test" not in ours:
+            if label == base or ours is None or "test" not in ours or _epochs(run) != epochs:
                 continue
             cells = [f"{ours['test'][m] / theirs['test'][m] - 1:+.1%}"
                      if m in ours["test"] and m in theirs["test"] else "" for m in METRICS]

@@ -49,7 +49,10 @@ def test_rows_ratios_and_shared_baseline_once():
 
 def test_run_ratios_against_a_measured_run():
     tool = _tool()
-    doc = {"runs": {"ref": _run(0.4, 100.0), "a": _run(0.5, 350.0), "b": _run(0.2, 50.0)},
+    other = _run(0.9, 1.0)
+    other["results"]["config_values"]["train"]["epochs"] = 5.0  # not compared: other epochs
+    doc = {"runs": {"ref": _run(0.4, 100.0), "a": _run(0.5, 350.0), "c": other,
+                    "b": _run(0.2, 50.0)},
            "compare_to": ["ref"]}
     assert tool.ratio_rows(doc) == []  # nothing published
     rows = tool.run_ratio_rows(doc)
