@@ -8,6 +8,9 @@ The file holds ``runs`` (label -> ``{"command", "results"}``, ``results`` being 
 a model without ``test`` (a periodic validation) prints its validation row only.  Printed: one
 row per run x model x split (valid, test) and per most-popular baseline (once where runs share
 it), then the published rows, then each run's HSTU test metrics relative to each published row.
+A file with ``compare_to`` (a list of run labels, e.g. a reference run measured on the same
+machine) also prints, for each of them, the HSTU test metrics and tokens/s of every other run
+with the same number of epochs relative to it.
 """
 
 from __future__ import annotations
@@ -76,6 +79,37 @@ def ratio_rows(doc: Dict[str, Any], model: str = "hstu") -> List[str]:
     return out
 
 
+def _epochs(run: Dict[str, Any]) -> Optional[float]:
+    return run["results"].get("config_values", {}).get("train", {}).get("epochs")
+
+
+def run_ratio_rows(doc: Dict[str, Any], model: str = "hstu") -> List[str]:
+    """``model`` test metrics and tokens/s of each run relative to each run named in
+    ``compare_to`` with the same ``config_values.train.epochs`` (ours / theirs - 1; tokens/s as
+    a factor)."""
+    against = doc.get("compare_to", [])
+    if not against:
+        return []
+    missing = [label for label in against if label not in doc["runs"]]
+    if missing:
+        raise ValueError(f"compare_to: {missing} are not labels of runs")
+    head = ["run", "vs"] + [m.upper() for m in METRICS] + ["tokens/s"]
+    out = [_row(head), _row(["---"] * len(head))]
+    for base in against:
+        theirs = doc["runs"][base]["results"]["models"][model]
+        epochs = _epochs(doc["runs"][base])
+        for label, run in doc["runs"].items():
+            ours = run["results"]["models"].get(model)
+            if label == base or ours is None or "test" not in ours or _epochs(run) != epochs:
+                continue
+            cells = [f"{ours['test'][m] / theirs['test'][m] - 1:+.1%}"
+                     if m in ours["test"] and m in theirs["test"] else "" for m in METRICS]
+            tok = (f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x"
+                   if ours.get("tokens_per_s") and theirs.get("tokens_per_s") else "")
+            out.append(_row([label, base] + cells + [tok]))
+    return out
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("file", help="comparison JSON (runs + published)")
@@ -83,10 +117,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     with open(args.file) as f:
         doc = json.load(f)
     print("\n".join(result_rows(doc)))
-    ratios = ratio_rows(doc)
-    if ratios:
-        print()
-        print("\n".join(ratios))
+    for rows in (ratio_rows(doc), run_ratio_rows(doc)):
+        if rows:
+            print()
+            print("\n".join(rows))
     return 0
 
 

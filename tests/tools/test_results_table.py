@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import os
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -43,3 +45,21 @@ def test_rows_ratios_and_shared_baseline_once():
     # a: test 0.2 vs 0.25 -> -20.0%; vs 0.1 -> +100.0%; b: 0.15 vs 0.25 -> -40.0%, vs 0.1 -> +50.0%
     assert ratios[2] == "| a | ref | -20.0% |  |  | +100.0% |  |  |  |"
     assert ratios[3] == "| b | ref | -40.0% |  |  | +50.0% |  |  |  |"
+
+
+def test_run_ratios_against_a_measured_run():
+    tool = _tool()
+    other = _run(0.9, 1.0)
+    other["results"]["config_values"]["train"]["epochs"] = 5.0  # not compared: other epochs
+    doc = {"runs": {"ref": _run(0.4, 100.0), "a": _run(0.5, 350.0), "c": other,
+                    "b": _run(0.2, 50.0)},
+           "compare_to": ["ref"]}
+    assert tool.ratio_rows(doc) == []  # nothing published
+    rows = tool.run_ratio_rows(doc)
+    # test metrics are valid / 2: a 0.25 vs 0.2 -> +25.0%, b 0.1 vs 0.2 -> -50.0%
+    assert rows[2] == "| a | ref |" + " +25.0% |" * 7 + " 3.50x |"
+    assert rows[3] == "| b | ref |" + " -50.0% |" * 7 + " 0.50x |"
+    assert len(rows) == 4
+    assert tool.run_ratio_rows({"runs": doc["runs"]}) == []
+    with pytest.raises(ValueError, match=r"compare_to: \['x'\] are not labels of runs"):
+        tool.run_ratio_rows({"runs": doc["runs"], "compare_to": ["x"]})
