@@ -72,8 +72,13 @@ times = {}
 for line in open(f"{R}/ours_loop.times"):
     t, what, name = line.split()[:3]
     times.setdefault(name, {})[what] = t
+# name in RUNS_DIR -> (config, extra arguments, label).  "reference" ran before --config reference
+# switched to per-position negatives: its command names the shared pool it used.
 OURS = {"defaults": ("examples/movielens/configs/ml-1m.json", "", "ours, defaults (ml-1m.json)"),
-        "reference": ("reference", " --threads 1", "ours, reference settings (--config reference)")}
+        "reference": ("reference", " --threads 1 --set train.negatives=shared",
+                      "ours, reference settings, a shared pool of 128 negatives"),
+        "refpp": ("reference", " --threads 1",
+                  "ours, reference settings, 128 per-position negatives (--config reference)")}
 runs = {}
 for ep in EP:
     runs[f"{REF}, {ep} epochs"] = {
