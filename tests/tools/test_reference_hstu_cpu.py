@@ -5,13 +5,12 @@ preprocessor run through it on a tiny hand-made ratings.dat."""
 from __future__ import annotations
 
 import csv
-import importlib.util
+import importlib
 import os
 
 import pytest
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REFERENCE = os.environ.get("GR_REFERENCE_DIR", "/tmp/gr/gr")
 
 # three users; user 2 has two ratings at the same second; file order is not time order
@@ -31,11 +30,8 @@ SEQUENCES = {1: [(100, 20, 3), (200, 40, 1), (300, 10, 5)],
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location(
-        "reference_hstu_cpu", os.path.join(REPO, "tools", "reference_hstu_cpu.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """tools/reference_hstu_cpu.py as a module (the repository root is on sys.path under ``python -m pytest``)."""
+    return importlib.import_module("tools.reference_hstu_cpu")
 
 
 def _write(tmp_path, text=RATINGS):

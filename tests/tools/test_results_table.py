@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location(
-        "results_table", os.path.join(REPO, "tools", "results_table.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """tools/results_table.py as a module (the repository root is on sys.path under ``python -m pytest``)."""
+    return importlib.import_module("tools.results_table")
 
 
 def _metrics(x):
