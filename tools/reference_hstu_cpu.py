@@ -98,13 +98,21 @@ def read_ratings(path: str) -> List[Rating]:
     return out
 
 
-def side_file_lines(ratings: Sequence[Rating]) -> Tuple[List[str], List[str]]:
+def side_file_lines(ratings: Sequence[Rating], num_items: Optional[int] = None,
+                    ) -> Tuple[List[str], List[str]]:
     """Placeholder ``users.dat`` and ``movies.dat`` lines for the reference's ML-1M preprocessor:
     one user row per user id (``uid::M::1::0::00000``) and one movie row per *rated* movie id
     (``mid::Item mid (2000)::Unknown``), both in increasing id order.  The movie ids are the
-    reference's corpus; the titles, genres and user fields are placeholders its HSTU never reads."""
+    reference's corpus; the titles, genres and user fields are placeholders its HSTU never reads.
+    ``num_items``: the corpus is every id ``1..num_items`` instead (items nobody rated included),
+    which must hold every rated id."""
     users = sorted({r[0] for r in ratings})
     movies = sorted({r[1] for r in ratings})
+    if num_items is not None:
+        if num_items < 1 or movies[-1] > num_items:
+            raise ValueError(f"num_items: must be >= the largest item id of the ratings "
+                             f"({movies[-1]}), got {num_items}")
+        movies = list(range(1, num_items + 1))
     return ([f"{u}::M::1::0::00000" for u in users],
             [f"{m}::Item {m} (2000)::Unknown" for m in movies])
 
@@ -160,14 +168,16 @@ def check_sasrec_file(csv_path: str, ratings: Sequence[Rating]) -> int:
     return len(want)
 
 
-def prepare_data(processor_cls: Any, ratings_path: str, workdir: str, seed: int) -> Any:
+def prepare_data(processor_cls: Any, ratings_path: str, workdir: str, seed: int,
+                 num_items: Optional[int] = None) -> Any:
     """Run the reference's own ML-1M preprocessor (``processor_cls``, its
     ``MovielensDataProcessor``) on ``ratings_path`` inside ``workdir`` (it writes relative
-    ``tmp/`` paths), without downloading; check its ``sasrec_format.csv``; return the processor."""
+    ``tmp/`` paths), without downloading; check its ``sasrec_format.csv``; return the processor.
+    ``num_items``: the corpus (:func:`side_file_lines`)."""
     import numpy as np
 
     ratings = read_ratings(ratings_path)
-    users, movies = side_file_lines(ratings)
+    users, movies = side_file_lines(ratings, num_items)
     folder = os.path.join(workdir, "tmp", "ml-1m")
     os.makedirs(folder, exist_ok=True)
     shutil.copyfile(ratings_path, os.path.join(folder, "ratings.dat"))
@@ -175,8 +185,9 @@ def prepare_data(processor_cls: Any, ratings_path: str, workdir: str, seed: int)
         with open(os.path.join(folder, name), "w", encoding="iso-8859-1") as f:
             f.write("\n".join(lines) + "\n")
     dp = processor_cls(f"local file {ratings_path}", "tmp/ml-1m/ratings.dat", prefix="ml-1m",
-                       convert_timestamp=False, expected_num_unique_items=len(movies),
-                       expected_max_item_id=max(r[1] for r in ratings))
+                       convert_timestamp=False,
+                       expected_num_unique_items=len({r[1] for r in ratings}),
+                       expected_max_item_id=int(movies[-1].split("::", 1)[0]))  # ids ascend
     dp.download = lambda: None  # the files are in place; no network
     np.random.seed(seed)  # its output files are shuffled with numpy's global generator
     with _cwd(workdir):
@@ -325,7 +336,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
     workdir = os.path.join(os.path.abspath(args.out), "work")
     os.makedirs(workdir, exist_ok=True)
-    dp = prepare_data(preprocessor.MovielensDataProcessor, args.ratings, workdir, args.seed)
+    dp = prepare_data(preprocessor.MovielensDataProcessor, args.ratings, workdir, args.seed,
+                      args.num_items)
 
     start = time.perf_counter()
     datasets: Dict[str, Any] = {}
@@ -440,6 +452,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--out", required=True, help="output folder (results.json, work/)")
     ap.add_argument("--epochs", type=int, required=True, help="train_fn.num_epochs")
     ap.add_argument("--gin", default=GIN_CONFIG, help="gin config, relative to --reference")
+    ap.add_argument("--num-items", type=int, default=None,
+                    help="corpus = item ids 1..N (default: the rated items)")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     ap.add_argument("--num-workers", type=int, default=0, help="create_data_loader.num_workers")
     ap.add_argument("--seed", type=int, default=42, help="torch and numpy seed")
@@ -453,6 +467,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         ap.error(f"--threads must be >= 1, got {args.threads}")
     if not os.path.isfile(os.path.join(args.reference, args.gin)):
         ap.error(f"--reference: no {args.gin} under {args.reference}")
+    # the reference runs inside <out>/work: paths given relative to the caller's directory
+    args.out, args.ratings = os.path.abspath(args.out), os.path.abspath(args.ratings)
+    args.reference = os.path.abspath(args.reference)
     import logging
 
     logging.basicConfig(stream=sys.stdout, level=logging.INFO)

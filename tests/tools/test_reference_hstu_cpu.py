@@ -64,6 +64,14 @@ def test_side_files_list_each_user_and_rated_movie_once(tmp_path):
     assert title[-5:-1] == "2000" and title[:-7] == "Item 10"
 
 
+def test_num_items_makes_the_corpus_every_id(tmp_path):
+    t = _tool()
+    _, movies = t.side_file_lines(t.read_ratings(_write(tmp_path)), num_items=52)
+    assert [int(m.split("::")[0]) for m in movies] == list(range(1, 53))
+    with pytest.raises(ValueError, match=r"num_items: must be >= the largest item id .*\(50\)"):
+        t.side_file_lines(t.read_ratings(_write(tmp_path)), num_items=49)
+
+
 def test_user_sequences_match_the_hand_oracle(tmp_path):
     t = _tool()
     assert t.user_sequences(t.read_ratings(_write(tmp_path))) == SEQUENCES
