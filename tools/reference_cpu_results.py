@@ -11,6 +11,7 @@ time at which each reference epoch line was logged: ``HH:MM:SS epochs_logged=N``
 start|end NAME``, the wall window of each of our runs, ``timing-*`` runs included).
 """
 import json, sys, datetime as dt
+from reference_comparison import run_tokens_per_s  # tools/ is sys.path[0] when run as a script
 R = sys.argv[1]
 EP = [int(x) for x in sys.argv[3].split(",")]  # epochs compared, e.g. 3,5
 REF = "reference HSTU (generative-recommenders, run here)"
@@ -21,18 +22,6 @@ def load(p):
 
 def hms(s):
     return dt.datetime.strptime(s, "%H:%M:%S")
-
-def ours_mean(run):
-    """Whole-run tokens/s of our trainer: its logging windows' tokens/s weighted by their
-    seconds (sum of the steps' step_ms in log.jsonl)."""
-    rows = [json.loads(l) for l in open(f"{R}/{run}/hstu/log.jsonl")]
-    ms = {r["step"]: r["step_ms"] for r in rows if "step_ms" in r}
-    tok = sec = 0.0; prev = 0
-    for r in rows:
-        if "tokens_per_s" in r:
-            s = sum(ms.get(k, 0.0) for k in range(prev + 1, r["step"] + 1)) / 1e3
-            tok += r["tokens_per_s"] * s; sec += s; prev = r["step"]
-    return tok / sec
 
 # the reference run: per-epoch records + when each epoch's line was logged (UTC)
 ref = load(f"{R}/ref-e10/results.json")
@@ -113,7 +102,7 @@ for name in sorted(times, key=lambda n: times[n]["start"]):
             tok += w * e["tokens_per_s"] * e["train_s"]; sec += w * e["train_s"]
     timing.append({"run": name, "start_utc": times[name]["start"], "end_utc": times[name]["end"],
                    "tokens_per_s": round(res["tokens_per_s"], 1),
-                   "tokens_per_s_mean": round(ours_mean(name), 1),
+                   "tokens_per_s_mean": round(run_tokens_per_s(f"{R}/{name}"), 1),
                    "reference_tokens_per_s_same_window": round(tok / sec, 1) if sec else None})
 doc = {
  "data": {
