@@ -97,7 +97,7 @@ def group_summary(command: str, dirs: Sequence[str]) -> Dict[str, Any]:
     for d in dirs:
         res = _load(os.path.join(d, "results.json"))
         h = res["models"]["hstu"]
-        seed = res["seed"] if "seed" in res else res["config"]["train"]["seed"]  # ref / ours
+        seed = res["seed"] if "seed" in res else res["config_values"]["train"]["seed"]  # ref / ours
         epochs = res["config_values"]["train"].get("epochs")
         runs.append({"dir": os.path.basename(os.path.normpath(d)), "seed": seed, "epochs": epochs,
                      "test": {m: h["test"][m] for m in METRICS},
@@ -194,8 +194,8 @@ def _row(cells: Sequence[str]) -> str:
 
 
 def tables(doc: Dict[str, Any]) -> List[str]:
-    """Markdown: mean ± standard error per group and split; each group relative to
-    ``compare_to``; the throughput rounds."""
+    """Markdown: mean ± standard error per group and split (a single run: its value); each
+    group relative to ``compare_to`` (± its standard error, in points); the throughput rounds."""
     head = ["run", "split", "seeds", "epochs"] + [m.upper() for m in METRICS]
     out = [_row(head), _row(["---"] * len(head))]
     for label, g in doc["groups"].items():
@@ -203,13 +203,18 @@ def tables(doc: Dict[str, Any]) -> List[str]:
             if f"{split}_mean" not in g:
                 continue
             mean, se = g[f"{split}_mean"], g[f"{split}_se"]
-            out.append(_row([label, split, str(len(g["runs"])), f"{g['epochs']:g}"]
-                            + [f"{mean[m]:.4f} ± {se[m]:.4f}" for m in METRICS]))
+            n = len(g["runs"])  # one run has no standard error: its value alone
+            out.append(_row([label, split, str(n), f"{g['epochs']:g}"]
+                            + [f"{mean[m]:.4f}" + (f" ± {se[m]:.4f}" if n > 1 else "")
+                               for m in METRICS]))
     out += ["", _row(["run", "vs"] + [m.upper() for m in METRICS]),
             _row(["---"] * (2 + len(METRICS)))]
+    seeds = {label: len(g["runs"]) for label, g in doc["groups"].items()}
     for label, d in doc["relative_to_compare_to"].items():
+        spread = max(seeds[label], seeds[doc["compare_to"]]) > 1
         out.append(_row([label, doc["compare_to"]]
-                        + [f"{100 * d[m]['rel']:+.1f}% ± {100 * d[m]['rel_se']:.1f}"
+                        + [f"{100 * d[m]['rel']:+.1f}%"
+                           + (f" ± {100 * d[m]['rel_se']:.1f}" if spread else "")
                            for m in METRICS]))
     t = doc.get("timing")
     if t:

@@ -25,7 +25,7 @@ def _ours(folder, seed, test, valid, windows, epochs=3.0):
     """Our trainer's results.json + hstu/log.jsonl: ``windows`` = [(last step, tokens/s)], every
     step 100 ms."""
     (folder / "hstu").mkdir(parents=True)
-    res = {"config": {"train": {"seed": seed}}, "config_values": {"train": {"epochs": epochs}},
+    res = {"config": "name", "config_values": {"train": {"epochs": epochs, "seed": seed}},
            "models": {"hstu": {"test": _metrics(test), "valid": _metrics(valid),
                                "tokens_per_s": windows[-1][1]}}}
     (folder / "results.json").write_text(json.dumps(res))
@@ -88,6 +88,10 @@ def test_build_groups_seeds_and_compares_at_equal_epochs(tmp_path):
     lines = t.tables(doc)
     assert any(l.startswith("| ours | reference | +50.0% ± ") for l in lines)
     assert "| reference | test | 2 | 3 | 0.1500 ± 0.0500 |" in "\n".join(lines)
+    single = t.build({"reference": t.group_summary("c", [str(tmp_path / "r0")]),
+                      "ours": t.group_summary("c", [str(tmp_path / "o0")])}, "reference", "d", "m", None)
+    text = "\n".join(t.tables(single))
+    assert "| reference | test | 1 | 3 | 0.1000 | " in text and "±" not in text  # no spread of one
     late = t.group_summary("our cmd", [_ours(tmp_path / "o9", 0, 0.3, 0.2, [(5, 1.0)], epochs=5.0)])
     with pytest.raises(ValueError, match="compare at equal epochs"):
         t.build({"reference": ref, "ours": late}, "reference", "d", "m", None)
