@@ -806,20 +806,6 @@ def test_torchrec_data_parallel_embedding_collection_works_with_ours(_process_gr
 # --------------------------------------------------------------------------- vector paths
 
 
-@pytest.fixture
-def isa_cap():
-    """set(cap): the widest vector ISA the csrc kernels may pick (2 AVX-512, 1 AVX2, 0 scalar:
-    csrc/isa.h), restored afterwards; the AVX2 and scalar paths run on an AVX-512 CPU too."""
-    from torchrec_ascend.ops import extension
-
-    ext = extension.extension()
-    if ext is None:
-        pytest.skip("the csrc extension is not built")
-    old = ext._set_isa_cap(2)
-    yield ext._set_isa_cap
-    ext._set_isa_cap(old)
-
-
 _ISA_CAPS = pytest.mark.parametrize("cap", [2, 1], ids=["avx512", "avx2"])
 
 

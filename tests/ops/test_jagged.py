@@ -694,20 +694,6 @@ def test_validate_false_skips_value_reads():
 # --------------------------------------------------------------------------- streaming stores
 
 
-@pytest.fixture
-def isa_cap():
-    """set(cap): the widest vector ISA the csrc kernels may pick (2 AVX-512, 1 AVX2, 0 scalar:
-    csrc/isa.h), restored afterwards."""
-    from torchrec_ascend.ops import extension
-
-    ext = extension.extension()
-    if ext is None:
-        pytest.skip("the csrc extension is not built")
-    old = ext._set_isa_cap(2)
-    yield ext._set_isa_cap
-    ext._set_isa_cap(old)
-
-
 @pytest.mark.parametrize("cap", [2, 1, 0], ids=["avx512", "avx2", "scalar"])
 def test_large_outputs_by_streaming_stores_match_reference(cap, isa_cap):
     """Outputs of >= 8 MiB (csrc/isa.h kStreamOutputBytes) are written with non-temporal stores:
