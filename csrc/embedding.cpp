@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "direct.h"
+#include "isa.h"
 #include "parallel.h"
 #include "torchrec_ascend.h"
 
@@ -109,11 +110,17 @@ void scale_sub_f32(float* __restrict w, const float* __restrict g, float a, floa
 
 constexpr int64_t kAhead = 8;  // rows prefetched ahead of the one being summed
 
-// Ask for a row ahead of its use (rows are random: the hardware prefetcher cannot guess them).
+// Ask for a row ahead of its use (rows are random: the hardware prefetcher cannot guess them),
+// into L1, or into L2 only when `far` (see Source below).
 template <typename scalar_t>
-inline void prefetch_row(const scalar_t* row, int64_t D) {
+inline void prefetch_row(const scalar_t* row, int64_t D, bool far = false) {
   const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t b = 0; b < D * static_cast<int64_t>(sizeof(scalar_t)); b += 64) __builtin_prefetch(p + b);
+  const int64_t bytes = D * static_cast<int64_t>(sizeof(scalar_t));
+  if (far) {
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
+  } else {
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+  }
 }
 
 // Bags k < n_bags span [offs[k], offs[k + 1]) inside the N indices.
@@ -125,20 +132,60 @@ void check_offsets(const std::vector<int64_t>& offs, int64_t n_bags, int64_t N) 
   }
 }
 
+// Where the rows a pooling kernel sums come from, which decides how far ahead they are fetched:
+//  * kMemory: rows of the weights, random and mostly not cached (the forwards).  The whole row
+//    kFarAhead positions on is asked for into L2 (_MM_HINT_T1) and the block of the row
+//    kNearAhead on into L1.  Prefetching only into L1 (T0, 8-16 rows ahead) held the full-shape
+//    forward at 12.8 ms for 130 MB of rows: the L1's few miss buffers were the limit; with the L2
+//    stage it took 6.7-7.4 ms (AVX-512 AMD EPYC, D=256, 4 x 50k-row tables; the AVX2 loop on the
+//    same CPU: 11.7 -> 7.0-7.9 ms, standalone loop timings).
+//  * kCache: slices of the output gradient, which sits in L2 (the backward's per-row sums): only
+//    the L1 stage, kCacheAhead positions on.
+enum class Source { kMemory, kCache };
+constexpr int64_t kFarAhead = 32, kNearAhead = 8, kCacheAhead = 16;
+
+// p, hidden from the optimiser: without it GCC folds a block's column offset d0 into sixteen
+// per-load offsets (rows[i] + (4 * d0 + 64 * j)), which it keeps in spare vector registers and on
+// the stack and reloads for every row; with it every load is rows[i] + d0 plus a constant.
+template <typename T>
+inline T* opaque(T* p) {
+  asm("" : "+r"(p));
+  return p;
+}
+
+// rows[i + ahead] where that is readable (rows[] may run past the bag into the next ones:
+// n_ahead rows are readable), else rows[i], which is already cached: a branch-free prefetch.
+inline const char* row_ahead(const float* const* rows, int64_t i, int64_t ahead, int64_t n_ahead,
+                             int64_t d0) {
+  return opaque(reinterpret_cast<const char*>(rows[i + ahead < n_ahead ? i + ahead : i] + d0));
+}
+
+// The whole row kFarAhead positions on into L2 (kMemory only), D floats.
+template <Source kSrc>
+inline void prefetch_far(const float* const* rows, int64_t i, int64_t n_ahead, int64_t D) {
+  if constexpr (kSrc == Source::kMemory) {
+    const char* p = row_ahead(rows, i, kFarAhead, n_ahead, 0);
+    for (int64_t b = 0; b < D * 4; b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
+  }
+}
+
+constexpr int64_t near_ahead(Source src) { return src == Source::kMemory ? kNearAhead : kCacheAhead; }
+
 // o[0, D) += sum_i s[i] * rows[i][0, D) (s == nullptr: all 1), fp32 with AVX2/FMA: columns in
 // blocks of 64 held in eight registers across all rows of the bag (the output is read and written
-// once per block, not once per row); the same block of row i + kAhead is prefetched (rows[] may
-// run past n into the next bags: n_ahead rows are readable).  The weighted and unweighted sums
-// are separate loops (no per-row test of s), and the prefetch is branch-free: past the readable
-// rows it asks for the current row again, which is already in L1.
-template <bool kWeighted>
+// once per block, not once per row); the same block of a row ahead is prefetched into L1 and, in
+// the first block's pass, the whole row further ahead into L2 (see Source).  The weighted and
+// unweighted sums are separate loops (no per-row test of s).
+template <bool kWeighted, Source kSrc>
 __attribute__((target("avx2,fma"))) inline void pool_block_avx2(
-    float* o, const float* const* rows, const float* s, int64_t n, int64_t n_ahead, int64_t d0) {
+    float* o, const float* const* rows, const float* s, int64_t n, int64_t n_ahead, int64_t d0,
+    int64_t D) {
   __m256 a[8];
   for (int j = 0; j < 8; ++j) a[j] = _mm256_loadu_ps(o + d0 + 8 * j);
   for (int64_t i = 0; i < n; ++i) {
-    const char* p = reinterpret_cast<const char*>(rows[i + kAhead < n_ahead ? i + kAhead : i] + d0);
-    const float* r = rows[i] + d0;
+    if (d0 == 0) prefetch_far<kSrc>(rows, i, n_ahead, D);
+    const char* p = row_ahead(rows, i, near_ahead(kSrc), n_ahead, d0);
+    const float* r = opaque(rows[i] + d0);
     if constexpr (kWeighted) {
       const __m256 sv = _mm256_set1_ps(s[i]);
       for (int j = 0; j < 8; ++j) {
@@ -155,14 +202,15 @@ __attribute__((target("avx2,fma"))) inline void pool_block_avx2(
   for (int j = 0; j < 8; ++j) _mm256_storeu_ps(o + d0 + 8 * j, a[j]);
 }
 
+template <Source kSrc>
 __attribute__((target("avx2,fma")))
 void pool_f32_avx2(float* o, const float* const* rows, const float* s, int64_t n, int64_t n_ahead, int64_t D) {
   int64_t d0 = 0;
   for (; d0 + 64 <= D; d0 += 64) {
     if (s) {
-      pool_block_avx2<true>(o, rows, s, n, n_ahead, d0);
+      pool_block_avx2<true, kSrc>(o, rows, s, n, n_ahead, d0, D);
     } else {
-      pool_block_avx2<false>(o, rows, s, n, n_ahead, d0);
+      pool_block_avx2<false, kSrc>(o, rows, s, n, n_ahead, d0, D);
     }
   }
   if (d0 < D) {
@@ -173,34 +221,49 @@ void pool_f32_avx2(float* o, const float* const* rows, const float* s, int64_t n
   }
 }
 
-const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-const bool kHaveAvx512 = __builtin_cpu_supports("avx512f");
+// The vector paths isa() allows now (csrc/isa.h: the CPU's, capped in tests).
+inline bool have_avx2() { return isa() >= Isa::kAvx2; }
+inline bool have_avx512() { return isa() >= Isa::kAvx512; }
 
 // pool_f32_avx2 with AVX-512: columns in blocks of 256 held in sixteen zmm registers, so a row of
-// up to 256 floats is read in one pass (the blocks of 64 read a D=256 row four times); a row is
-// consumed in a few ns here, so the block of the row kAhead512 positions ahead is prefetched.
-constexpr int64_t kAhead512 = 16;
+// up to 256 floats is read in one pass (the blocks of 64 read a D=256 row four times).
+template <bool kWeighted, Source kSrc>
+__attribute__((target("avx512f"))) inline void pool_block_avx512(
+    float* o, const float* const* rows, const float* s, int64_t n, int64_t n_ahead, int64_t d0,
+    int64_t D) {
+  __m512 a[16];
+  for (int j = 0; j < 16; ++j) a[j] = _mm512_loadu_ps(o + d0 + 16 * j);
+  for (int64_t i = 0; i < n; ++i) {
+    if (d0 == 0) prefetch_far<kSrc>(rows, i, n_ahead, D);
+    const char* p = row_ahead(rows, i, near_ahead(kSrc), n_ahead, d0);
+    for (int c = 0; c < 1024; c += 64) _mm_prefetch(p + c, _MM_HINT_T0);
+    const float* r = opaque(rows[i] + d0);
+    if constexpr (kWeighted) {
+      const __m512 sv = _mm512_set1_ps(s[i]);
+      for (int j = 0; j < 16; ++j) a[j] = _mm512_fmadd_ps(sv, _mm512_loadu_ps(r + 16 * j), a[j]);
+    } else {
+      for (int j = 0; j < 16; ++j) a[j] = _mm512_add_ps(_mm512_loadu_ps(r + 16 * j), a[j]);
+    }
+  }
+  for (int j = 0; j < 16; ++j) _mm512_storeu_ps(o + d0 + 16 * j, a[j]);
+}
+
+template <Source kSrc>
 __attribute__((target("avx512f")))
 void pool_f32_avx512(float* o, const float* const* rows, const float* s, int64_t n, int64_t n_ahead,
                      int64_t D) {
   int64_t d0 = 0;
   for (; d0 + 256 <= D; d0 += 256) {
-    __m512 a[16];
-    for (int j = 0; j < 16; ++j) a[j] = _mm512_loadu_ps(o + d0 + 16 * j);
-    for (int64_t i = 0; i < n; ++i) {
-      if (i + kAhead512 < n_ahead) {
-        const char* p = reinterpret_cast<const char*>(rows[i + kAhead512] + d0);
-        for (int c = 0; c < 1024; c += 64) _mm_prefetch(p + c, _MM_HINT_T0);
-      }
-      const float* r = rows[i] + d0;
-      const __m512 sv = _mm512_set1_ps(s ? s[i] : 1.0f);
-      for (int j = 0; j < 16; ++j) a[j] = _mm512_fmadd_ps(sv, _mm512_loadu_ps(r + 16 * j), a[j]);
+    if (s) {
+      pool_block_avx512<true, kSrc>(o, rows, s, n, n_ahead, d0, D);
+    } else {
+      pool_block_avx512<false, kSrc>(o, rows, s, n, n_ahead, d0, D);
     }
-    for (int j = 0; j < 16; ++j) _mm512_storeu_ps(o + d0 + 16 * j, a[j]);
   }
   for (; d0 + 16 <= D; d0 += 16) {  // the rest, sixteen columns at a time
     __m512 a = _mm512_loadu_ps(o + d0);
     for (int64_t i = 0; i < n; ++i) {
+      if (d0 == 0) prefetch_far<kSrc>(rows, i, n_ahead, D);  // D < 256: no block pass did
       a = _mm512_fmadd_ps(_mm512_set1_ps(s ? s[i] : 1.0f), _mm512_loadu_ps(rows[i] + d0), a);
     }
     _mm512_storeu_ps(o + d0, a);
@@ -210,6 +273,18 @@ void pool_f32_avx512(float* o, const float* const* rows, const float* s, int64_t
       const float f = s ? s[i] : 1.0f;
       for (int64_t d = d0; d < D; ++d) o[d] += f * rows[i][d];
     }
+  }
+}
+
+// The pooled sum of one bag (or one row's gradient) on the widest path the CPU has (callers
+// check have_avx2() first).
+template <Source kSrc>
+inline void pool_f32(float* o, const float* const* rows, const float* s, int64_t n, int64_t n_ahead,
+                     int64_t D) {
+  if (have_avx512()) {
+    pool_f32_avx512<kSrc>(o, rows, s, n, n_ahead, D);
+  } else {
+    pool_f32_avx2<kSrc>(o, rows, s, n, n_ahead, D);
   }
 }
 
@@ -286,13 +361,13 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
     AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "tbe_pooled_idx", [&] {
       const index_t* ip = indices.data_ptr<index_t>();
       const int64_t work = (offs[T * B] - offs[0]) * std::max<int64_t>(total_D / T, 1);
-      constexpr bool kF32 = std::is_same_v<scalar_t, float>;
+      const bool blocked = std::is_same_v<scalar_t, float> && have_avx2();
       parallel_over(T * B, work, [&](int64_t k0, int64_t k1) {
         RowPrefetcher<scalar_t, index_t> ahead{offs, w_off, dims.data(), 0, B, offs[k1], wn, wp, ip, k0};
         // fp32 on AVX2: the chunk's row pointers first (checked), then the blocked sum per bag
         thread_local std::vector<const float*> rows_tls;  // reused: no page faults per call
         auto& rows = rows_tls;  // one TLS lookup (a call in a shared object), not one per use
-        if (kF32 && kHaveAvx2) {
+        if (blocked) {
           rows.resize(offs[k1] - offs[k0]);
           const float** rp = rows.data() - offs[k0];
           const float* wf = reinterpret_cast<const float*>(wp);
@@ -309,17 +384,12 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
           const int64_t t = k / B, b = k % B;
           const int64_t D = d_off[t + 1] - d_off[t];
           acc* o = op + b * total_D + d_off[t];
-          if (kF32 && kHaveAvx2) {
+          if (blocked) {
             const int64_t first = offs[k] - offs[k0];
             const float* sw = iwp ? reinterpret_cast<const float*>(iwp) + offs[k] : nullptr;
             const int64_t ahead_n = static_cast<int64_t>(rows.size()) - first;
-            if (kHaveAvx512) {
-              pool_f32_avx512(reinterpret_cast<float*>(o), rows.data() + first, sw,
-                              offs[k + 1] - offs[k], ahead_n, D);
-            } else {
-              pool_f32_avx2(reinterpret_cast<float*>(o), rows.data() + first, sw,
-                            offs[k + 1] - offs[k], ahead_n, D);
-            }
+            pool_f32<Source::kMemory>(reinterpret_cast<float*>(o), rows.data() + first, sw,
+                                      offs[k + 1] - offs[k], ahead_n, D);
           } else {
             for (int64_t i = offs[k]; i < offs[k + 1]; ++i) {
               const int64_t start = w_off[t] + static_cast<int64_t>(ip[i]) * D;
@@ -511,16 +581,31 @@ Rows group_rows(const Lookup& L, const index_t* ip, int64_t weights_numel) {
   return r;
 }
 
-constexpr int64_t kRowsAhead = 4;  // distinct rows whose weights / states are prefetched ahead
+// Distinct rows whose weights / states are prefetched ahead: into L2 kRowsFar rows on, into L1
+// kRowsAhead rows on (the two stages of the forward's Source::kMemory; with the L1 stage alone,
+// 4 rows on, the RowWiseAdagrad backward took 1.17x fbgemm's time on an AVX-512 AMD EPYC).
+constexpr int64_t kRowsAhead = 4, kRowsFar = 16;
+
+// fused(start, t, idx, D, srcs, facs, n, n_ahead) of a for_each_row caller that has no fused
+// fp32 kernel: declines every row.
+struct NoFused {
+  bool operator()(int64_t, int64_t, int64_t, int64_t, const float* const*, const float*, int64_t,
+                  int64_t) const {
+    return false;
+  }
+};
 
 // For every distinct row, on one thread each: g[0, D) = sum over the row's hits of the output
 // gradient's slice times the index's factor (per-index weight, then / L under MEAN), then
 // update(start, t, idx, D, g) with t a feature owning the row and idx its local row id;
-// ahead(start, t, idx, D) is called for the row kRowsAhead further on (to prefetch what update
-// will touch there).
-template <typename acc, typename Update, typename Ahead>
+// ahead(start, t, idx, D, far) is called for the rows kRowsFar (far) and kRowsAhead further on
+// (to prefetch what update will touch there).  On the fp32 AVX2 / AVX-512 path a row is first
+// offered to fused(start, t, idx, D, srcs, facs, n, n_ahead): the row's n gradient slices (and
+// factors, or nullptr when all are 1; n_ahead slices readable from srcs) for a kernel that sums
+// and updates in one go; it returns false to leave the row to the sum + update above.
+template <typename acc, typename Update, typename Ahead, typename Fused = NoFused>
 void for_each_row(const Lookup& L, const Rows& r, const acc* grad, int64_t stride, const acc* iw,
-                  Update&& update, Ahead&& ahead) {
+                  Update&& update, Ahead&& ahead, Fused&& fused = Fused()) {
   const int64_t U = static_cast<int64_t>(r.seg.size()) - 1;
   const int64_t TB = L.T * L.B;
   const bool mean = L.pooling_mode == kPoolMean;
@@ -558,7 +643,7 @@ void for_each_row(const Lookup& L, const Rows& r, const acc* grad, int64_t strid
     // across rows); reused buffers: no page faults per call
     thread_local std::vector<const float*> srcs;
     thread_local std::vector<float> facs;
-    const bool blocked = kF32 && kHaveAvx2;
+    const bool blocked = kF32 && have_avx2();
     const bool scaled = iw != nullptr || mean;
     const int64_t j0 = seg[u0], nj = seg[u1] - seg[u0];
     if (blocked) {
@@ -570,26 +655,26 @@ void for_each_row(const Lookup& L, const Rows& r, const acc* grad, int64_t strid
       }
     }
     for (int64_t u = u0; u < u1; ++u) {
-      if (u + kRowsAhead < u1) {
-        const Hit& h = hits[seg[u + kRowsAhead]];
-        int64_t t, idx;
-        owner(h, &t, &idx);
-        ahead(h.key, t, idx, L.dims[t]);
+      for (const int64_t far : {kRowsFar, kRowsAhead}) {
+        if (u + far < u1) {
+          const Hit& h = hits[seg[u + far]];
+          int64_t t, idx;
+          owner(h, &t, &idx);
+          ahead(h.key, t, idx, L.dims[t], far == kRowsFar);
+        }
       }
       int64_t t0, idx0;
       owner(hits[seg[u]], &t0, &idx0);
       const int64_t D = L.dims[t0];
-      std::fill(g.begin(), g.begin() + D, acc(0));
       if (blocked) {
         const int64_t first = seg[u] - j0, n = seg[u + 1] - seg[u];
-        float* gf = reinterpret_cast<float*>(g.data());
         const float* sf = scaled ? facs.data() + first : nullptr;
-        if (kHaveAvx512) {
-          pool_f32_avx512(gf, srcs.data() + first, sf, n, nj - first, D);
-        } else {
-          pool_f32_avx2(gf, srcs.data() + first, sf, n, nj - first, D);
-        }
+        if (fused(hits[seg[u]].key, t0, idx0, D, srcs.data() + first, sf, n, nj - first)) continue;
+        std::fill(g.begin(), g.begin() + D, acc(0));
+        float* gf = reinterpret_cast<float*>(g.data());
+        pool_f32<Source::kCache>(gf, srcs.data() + first, sf, n, nj - first, D);
       } else {
+        std::fill(g.begin(), g.begin() + D, acc(0));
         for (int64_t j = seg[u]; j < seg[u + 1]; ++j) {
           axpy<acc, acc>(g.data(), src_of(hits[j]), factor_of(hits[j]), D);
         }
@@ -597,6 +682,50 @@ void for_each_row(const Lookup& L, const Rows& r, const acc* grad, int64_t strid
       update(hits[seg[u]].key, t0, idx0, D, g.data());
     }
   });
+}
+
+// One fp32 RowWiseAdagrad row update with AVX-512, for D a multiple of 16 up to 256 and no L2
+// term in the gradient (weight_decay_mode != 1) nor max_norm: the row's gradient is summed from
+// its n hits' slices (times facs[i], or 1 when facs is nullptr) in up to sixteen zmm registers,
+// as pool_f32_avx512 does; then m += mean(g^2), and w = (1 - decay) * w - lr / (sqrt(m) + eps) * g
+// (decay = lr * weight_decay for the decoupled modes, else 0), with g never leaving the registers
+// (the general path stores it, reads it back for the square sum and again for the update).
+// The weights row was prefetched by for_each_row's ahead().
+__attribute__((target("avx512f"))) void rowwise_adagrad_row_avx512(
+    float* w, float* m, const float* const* srcs, const float* facs, int64_t n, int64_t n_ahead,
+    int64_t D, float lr, float eps, float decay) {
+  const int nv = static_cast<int>(D / 16);
+  __m512 a[16];
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; ++i) {
+    const char* p = row_ahead(srcs, i, kCacheAhead, n_ahead, 0);
+    const float* r = opaque(srcs[i]);
+    const __m512 sv = _mm512_set1_ps(facs ? facs[i] : 1.0f);
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+      if (j < nv) {
+        _mm_prefetch(p + 64 * j, _MM_HINT_T0);
+        a[j] = _mm512_fmadd_ps(sv, _mm512_loadu_ps(r + 16 * j), a[j]);
+      }
+    }
+  }
+  __m512 sq = _mm512_setzero_ps();
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) {
+    if (j < nv) sq = _mm512_fmadd_ps(a[j], a[j], sq);
+  }
+  const float m_new = *m + _mm512_reduce_add_ps(sq) / static_cast<float>(D);
+  *m = m_new;
+  const __m512 mult = _mm512_set1_ps(lr / (std::sqrt(m_new) + eps));
+  const __m512 keep = _mm512_set1_ps(1.0f - decay);
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) {
+    if (j < nv) {
+      const __m512 wv = _mm512_loadu_ps(w + 16 * j);
+      _mm512_storeu_ps(w + 16 * j, _mm512_fnmadd_ps(mult, a[j], _mm512_mul_ps(keep, wv)));
+    }
+  }
 }
 
 enum class Opt { kSgd, kAdagrad, kRowwiseAdagrad, kAdam };
@@ -630,10 +759,10 @@ void finish(State& s) {
 
 // Prefetches the state row that state_row() will return (nothing when it would be out of range).
 template <typename acc>
-void prefetch_state(const State& s, const acc* base, int64_t t, int64_t first, int64_t n) {
+void prefetch_state(const State& s, const acc* base, int64_t t, int64_t first, int64_t n, bool far) {
   if (t >= static_cast<int64_t>(s.off.size())) return;
   const int64_t start = s.off[t] + first;
-  if (start >= 0 && start + n <= s.work.numel()) prefetch_row(base + start, n);
+  if (start >= 0 && start + n <= s.work.numel()) prefetch_row(base + start, n, far);
 }
 
 // The state row [start, start + n) of feature t's slice: checked against the state's size.
@@ -688,8 +817,8 @@ void fused_backward(Opt opt, const at::Tensor& grad_in, const at::Tensor& weight
             } else {
               for (int64_t d = 0; d < D; ++d) w[d] = static_cast<scalar_t>(static_cast<acc>(w[d]) - lr * g[d]);
             }
-          }, [&](int64_t start, int64_t, int64_t, int64_t D) {
-            if (start + D <= wn) prefetch_row(wp + start, D);
+          }, [&](int64_t start, int64_t, int64_t, int64_t D, bool far) {
+            if (start + D <= wn) prefetch_row(wp + start, D, far);
           });
           break;
         case Opt::kAdagrad: {
@@ -701,9 +830,9 @@ void fused_backward(Opt opt, const at::Tensor& grad_in, const at::Tensor& weight
               m[d] += g[d] * g[d];
               w[d] = static_cast<scalar_t>(static_cast<acc>(w[d]) - lr * g[d] / (std::sqrt(m[d]) + eps));
             }
-          }, [&](int64_t start, int64_t t, int64_t idx, int64_t D) {
-            if (start + D <= wn) prefetch_row(wp + start, D);
-            prefetch_state(states[0], mp, t, idx * D, D);
+          }, [&](int64_t start, int64_t t, int64_t idx, int64_t D, bool far) {
+            if (start + D <= wn) prefetch_row(wp + start, D, far);
+            prefetch_state(states[0], mp, t, idx * D, D, far);
           });
           break;
         }
@@ -746,9 +875,26 @@ void fused_backward(Opt opt, const at::Tensor& grad_in, const at::Tensor& weight
             for (int64_t d = 0; d < D; ++d) {
               w[d] = static_cast<scalar_t>((corr * static_cast<acc>(w[d]) - mult * g[d]) * scale);
             }
-          }, [&](int64_t start, int64_t t, int64_t idx, int64_t D) {
-            if (start + D <= wn) prefetch_row(wp + start, D);
-            prefetch_state(states[0], mp, t, idx, 1);
+          }, [&](int64_t start, int64_t t, int64_t idx, int64_t D, bool far) {
+            if (start + D <= wn) prefetch_row(wp + start, D, far);
+            prefetch_state(states[0], mp, t, idx, 1, far);
+          }, [&](int64_t start, int64_t t, int64_t idx, int64_t D, const float* const* srcs,
+                 const float* facs, int64_t n, int64_t n_ahead) {
+            // fp32 weights, no L2 term in the gradient, no max_norm: the fused AVX-512 row kernel
+            if constexpr (std::is_same_v<scalar_t, float>) {
+              if (have_avx512() && mode != 1 && max_norm <= 0 && D % 16 == 0 && D <= 256) {
+                acc* m = state_row(states[0], mp, t, idx, 1, 1);
+                const acc decay = (mode == 2 || mode == 5) ? lr * wd : acc(0);
+                // (the casts are no-ops: scalar_t and acc are float here; the lambda is not a
+                // template, so the other dtypes compile this branch too)
+                rowwise_adagrad_row_avx512(reinterpret_cast<float*>(wp + start),
+                                           reinterpret_cast<float*>(m), srcs, facs, n, n_ahead, D,
+                                           static_cast<float>(lr), static_cast<float>(eps),
+                                           static_cast<float>(decay));
+                return true;
+              }
+            }
+            return false;
           });
           break;
         }
@@ -769,10 +915,10 @@ void fused_backward(Opt opt, const at::Tensor& grad_in, const at::Tensor& weight
               const acc upd = (m1[d] / c1) / (std::sqrt(m2[d] / c2) + eps) + wd * wv;
               w[d] = static_cast<scalar_t>(wv - lr * upd);
             }
-          }, [&](int64_t start, int64_t t, int64_t idx, int64_t D) {
-            if (start + D <= wn) prefetch_row(wp + start, D);
-            prefetch_state(states[0], m1p, t, idx * D, D);
-            prefetch_state(states[1], m2p, t, idx * D, D);
+          }, [&](int64_t start, int64_t t, int64_t idx, int64_t D, bool far) {
+            if (start + D <= wn) prefetch_row(wp + start, D, far);
+            prefetch_state(states[0], m1p, t, idx * D, D, far);
+            prefetch_state(states[1], m2p, t, idx * D, D, far);
           });
           break;
         }
@@ -873,7 +1019,7 @@ std::tuple<at::Tensor, at::Tensor> dense_backward(const at::Tensor& grad_in, con
                    [&](int64_t start, int64_t, int64_t, int64_t D, const acc* g) {
                      for (int64_t d = 0; d < D; ++d) gwp[start + d] = static_cast<scalar_t>(g[d]);
                    },
-                   [](int64_t, int64_t, int64_t, int64_t) {});
+                   [](int64_t, int64_t, int64_t, int64_t, bool) {});
     });
   });
   at::Tensor giw = at::empty({0}, iw_in.defined() ? iw_in.options() : grad_in.options());

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "direct.h"
+#include "isa.h"
 #include "parallel.h"
 #include "torchrec_ascend.h"
 
@@ -224,11 +225,19 @@ at::Tensor jagged_to_padded_dense_impl(const at::Tensor& values,
     const scalar_t* src = v.data_ptr<scalar_t>();
     scalar_t* dst = out.data_ptr<scalar_t>();
     const auto pad = static_cast<scalar_t>(padding_value);
-    // per dense row: its slots in one copy, the padding in one fill
+    // per dense row: its slots in one copy, the padding in one fill; a large zero-padded output
+    // by non-temporal stores (csrc/isa.h: J=2 at B=128, 16.8 MB, took 0.48 ms with regular
+    // stores against fbgemm's 0.50, on an AVX-512 AMD EPYC)
+    const bool stream = zero_pad && slots * D * static_cast<int64_t>(sizeof(scalar_t)) >= kStreamOutputBytes;
     parallel_over(rows.R, slots * D, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         scalar_t* d = dst + r * rows.N * D;
         const int64_t n = rows.len[r] * D;
+        if (stream) {
+          stream_copy(d, src + rows.begin[r] * D, sizeof(scalar_t) * n);
+          stream_zero(d + n, sizeof(scalar_t) * (rows.N * D - n));
+          continue;
+        }
         copy_row(d, src + rows.begin[r] * D, n);
         if (zero_pad) {
           std::memset(static_cast<void*>(d + n), 0, sizeof(scalar_t) * (rows.N * D - n));
@@ -236,6 +245,7 @@ at::Tensor jagged_to_padded_dense_impl(const at::Tensor& values,
           fill_row(d + n, pad, rows.N * D - n);
         }
       }
+      if (stream) stream_fence();
     });
   });
   return out;
@@ -907,10 +917,18 @@ at::Tensor gather_runs(const at::Tensor& values, const std::vector<int64_t>& src
   const char* in = static_cast<const char*>(v.data_ptr());
   char* o = static_cast<char*>(out.data_ptr());
   const int64_t K = static_cast<int64_t>(n.size());
+  // a large output by non-temporal stores (csrc/isa.h)
+  const bool stream = total * bytes >= kStreamOutputBytes;
   parallel_over(K, total * D, [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
-      if (n[k] > 0) std::memcpy(o + dst[k] * bytes, in + src[k] * bytes, n[k] * bytes);
+      if (n[k] <= 0) continue;
+      if (stream) {
+        stream_copy(o + dst[k] * bytes, in + src[k] * bytes, n[k] * bytes);
+      } else {
+        std::memcpy(o + dst[k] * bytes, in + src[k] * bytes, n[k] * bytes);
+      }
     }
+    if (stream) stream_fence();
   });
   return out;
 }

@@ -801,3 +801,64 @@ def test_torchrec_data_parallel_embedding_collection_works_with_ours(_process_gr
     assert losses[0] == pytest.approx(loss, rel=1e-5, abs=1e-5)
     torch.testing.assert_close(w1[k0].double(), want["f0"], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(w1[k1].double(), want["f1"], rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- vector paths
+
+
+_ISA_CAPS = pytest.mark.parametrize("cap", [2, 1], ids=["avx512", "avx2"])
+
+
+@_ISA_CAPS
+@pytest.mark.parametrize("pm,weighted", [(R.SUM, False), (R.SUM, True), (R.MEAN, False)],
+                         ids=["sum", "weighted_sum", "mean"])
+def test_pooled_forward_vector_paths_match_scalar_path(cap, pm, weighted, isa_cap):
+    """The forward's AVX-512 / AVX2 sums (two-stage prefetch: rows far ahead into L2, near ahead
+    into L1, across bag ends) against the scalar loop, on dims 256 / 48 / 20 / 272 (a 256-block
+    plus blocks of 16 plus a tail) and ragged bags of length 0, 1 and max (40 > the 32-row
+    prefetch distance)."""
+    torch.manual_seed(23)
+    x = _tbe(dims=(256, 48, 20, 272), rows=(50, 40, 30, 20), B=7, max_L=40, weighted=weighted)
+    name = "split_embedding_codegen_forward_weighted_pt2_wrapper" if weighted else \
+        "split_embedding_codegen_forward_unweighted_pt2_wrapper"
+    with _forced("cpu_kernel", name):
+        isa_cap(0)
+        want = getattr(ta, name)(*_fwd_args(x, pm, weighted))
+        isa_cap(cap)
+        got = getattr(ta, name)(*_fwd_args(x, pm, weighted))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.double(), _loop_pooled(x, pm, weighted), rtol=1e-4, atol=1e-4,
+                               check_dtype=False)
+
+
+@_ISA_CAPS
+@pytest.mark.parametrize("variant", _VARIANTS[:3], ids=["sum", "mean", "weighted_sum"])
+@pytest.mark.parametrize("mode", [0, 2], ids=["no_decay", "decoupled_decay"])
+def test_rowwise_adagrad_vector_paths_match_scalar_path(cap, variant, mode, isa_cap):
+    """The RowWiseAdagrad backward's fused AVX-512 row kernel (D a multiple of 16 up to 256: the
+    gradient summed, squared and applied in registers) and the AVX2 sum + update, against the
+    scalar path, over three steps: dims 256 / 48 / 20 (20 is never fused), bag lengths 0, 1 and
+    max, duplicate rows (rows hit by many bags), with and without decoupled weight decay."""
+    torch.manual_seed(29)
+    weighted = variant[0] == "weighted"
+    name = E.backward_op_name("rowwise_adagrad", weighted, False)
+    x = _tbe(dims=(256, 48, 20), rows=(30, 12, 9), B=8, max_L=40, weighted=weighted)
+    hyper = [0.01, 0.1 if mode else 0.0, mode, 0.0]
+    lr = torch.tensor(0.05)
+    st0 = _state_tensors("rowwise_adagrad", x)
+    results = []
+    for c in (0, cap):
+        w = x["weights"].clone()
+        st = [(s.clone(), o) for s, o in st0]
+        isa_cap(c)
+        with _forced("cpu_kernel", name):
+            for step in range(3):
+                torch.manual_seed(100 + step)
+                grad = torch.randn(x["B"], sum(x["dims"]))
+                getattr(ta, name)(*_bwd_args(x, "rowwise_adagrad", variant, grad, w, st, lr, hyper))
+        results.append((w, [s for s, _ in st]))
+    (w_s, st_s), (w_v, st_v) = results
+    assert not torch.equal(w_s, x["weights"])
+    torch.testing.assert_close(w_v, w_s, rtol=1e-5, atol=1e-6)
+    for a, b in zip(st_v, st_s):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -689,3 +689,41 @@ def test_validate_false_skips_value_reads():
     with tops.use_backend("reference", ops=jagged.OP_NAMES):
         out = jagged.jagged_jagged_bmm(x, y, off, 3, validate=False)
     torch.testing.assert_close(out, torch.stack([x[:2].T @ y[:2], x[2:4].T @ y[2:4]]))
+
+
+# --------------------------------------------------------------------------- streaming stores
+
+
+@pytest.mark.parametrize("cap", [2, 1, 0], ids=["avx512", "avx2", "scalar"])
+def test_large_outputs_by_streaming_stores_match_reference(cap, isa_cap):
+    """Outputs of >= 8 MiB (csrc/isa.h kStreamOutputBytes) are written with non-temporal stores:
+    the J=2 zero-padded jagged_to_padded_dense_forward (8.4 MB; rows of 0, 1 and max items, an
+    odd D so rows start off the 32/64-byte grid) and jagged_index_select (8.6 MB), on every ISA
+    path, against the reference."""
+    g = torch.Generator().manual_seed(31)
+    isa_cap(cap)
+    B, N0, N1, D = 64, 16, 32, 65
+    l0 = torch.randint(0, N0 + 1, (B,), generator=g)
+    l0[:3] = torch.tensor([0, 1, N0])
+    l1 = torch.randint(0, N1 + 1, (int(l0.sum()),), generator=g)
+    l1[:3] = torch.tensor([0, 1, N1])
+    offs = [torch.cat([torch.zeros(1, dtype=torch.int64), l.cumsum(0)]) for l in (l0, l1)]
+    x = torch.randn(int(l1.sum()), D, generator=g)
+    with tops.use_backend("cpu_kernel", ops=["jagged_to_padded_dense_forward"]):
+        got = torch.ops.torchrec_ascend.jagged_to_padded_dense_forward(x, offs, [N0, N1], 0.0)
+    assert got.numel() * 4 >= 8 << 20
+    with tops.use_backend("reference", ops=["jagged_to_padded_dense_forward"]):
+        want = torch.ops.torchrec_ascend.jagged_to_padded_dense_forward(x, offs, [N0, N1], 0.0)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+    lengths = torch.randint(0, 200, (64,), generator=g)
+    lengths[:3] = torch.tensor([0, 1, 199])
+    v = torch.randn(int(lengths.sum()), 257, generator=g)
+    idx = torch.cat([torch.arange(64), torch.randint(0, 64, (40,), generator=g)])
+    with tops.use_backend("cpu_kernel", ops=["jagged_index_select"]):
+        got_v, got_l = torch.ops.torchrec_ascend.jagged_index_select(v, lengths, idx)
+    assert got_v.numel() * 4 >= 8 << 20
+    with tops.use_backend("reference", ops=["jagged_index_select"]):
+        want_v, want_l = torch.ops.torchrec_ascend.jagged_index_select(v, lengths, idx)
+    torch.testing.assert_close(got_v, want_v, rtol=0, atol=0)
+    torch.testing.assert_close(got_l, want_l)
