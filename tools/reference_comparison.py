@@ -101,7 +101,7 @@ def group_summary(command: str, dirs: Sequence[str]) -> Dict[str, Any]:
         epochs = res["config_values"]["train"].get("epochs")
         runs.append({"dir": os.path.basename(os.path.normpath(d)), "seed": seed, "epochs": epochs,
                      "test": {m: h["test"][m] for m in METRICS},
-                     "valid": {m: h["valid"][m] for m in METRICS} if "valid" in h else None,
+                     "valid": {m: h["valid"][m] for m in METRICS} if h.get("valid") else None,
                      "tokens_per_s": round(run_tokens_per_s(d), 1)})
     epochs = {r["epochs"] for r in runs}
     if len(epochs) != 1:

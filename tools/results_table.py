@@ -42,8 +42,8 @@ def result_rows(doc: Dict[str, Any]) -> List[str]:
         epochs = res["config_values"]["train"].get("epochs")
         for model, r in res["models"].items():
             for split in ("valid", "test"):
-                if split not in r:  # a periodic validation has no test
-                    continue
+                if r.get(split) is None:  # a periodic validation has no test; leave-one-out
+                    continue              # has no validation
                 tokens = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else ""
                 out.append(_row([label, NAMES.get(model, model), split] + _cells(r[split])
                                 + [tokens, f"{epochs:g}" if epochs is not None else ""]))
@@ -52,6 +52,8 @@ def result_rows(doc: Dict[str, Any]) -> List[str]:
                 continue
             seen.append((name, r))
             for split in ("valid", "test"):
+                if r.get(split) is None:
+                    continue
                 out.append(_row([label, NAMES.get(name, name), split] + _cells(r[split])
                                 + ["", ""]))
     for label, pub in doc.get("published", {}).items():

@@ -54,6 +54,38 @@ def test_csv_beats_most_popular_and_parquet_gives_identical_metrics(tmp_path):
         assert b["baselines"]["most_popular"][split] == pop[split]
 
 
+def test_leave_one_out_trains_on_the_validation_item_and_reports_test_only(tmp_path, capsys):
+    csv = generate_events_table(str(tmp_path / "events.csv"), 120, 200, seed=1)
+    from torchrec_ascend.training.cli import main
+
+    threads = torch.get_num_threads()
+    runs = {}
+    try:
+        for holdout in ("leave_two_out", "leave_one_out"):
+            out = tmp_path / holdout
+            assert main(["--no-progress", "--data", csv, "--out", str(out), "--steps", "10",
+                         "--set", f"eval.holdout={holdout}"] + sets(tmp_path)) == 0
+            runs[holdout] = json.load(open(out / "results.json"))
+        printed = capsys.readouterr().out
+        # periodic validation has nothing to watch: refused, naming the key and the rule
+        code = main(["--no-progress", "--data", csv, "--out", str(tmp_path / "bad"),
+                     "--steps", "10", "--set", "eval.holdout=leave_one_out",
+                     "--set", "train.eval_every=5"] + sets(tmp_path))
+    finally:
+        torch.set_num_threads(threads)
+    two, one = runs["leave_two_out"], runs["leave_one_out"]
+    users = two["data"]["users"]
+    assert one["data"]["users"] == users
+    assert one["data"]["train_events"] == two["data"]["train_events"] + users  # + valid items
+    for r in (one["models"]["hstu"], one["baselines"]["most_popular"]):
+        assert r["valid"] is None and 0 < r["test"]["mrr"] <= 1
+    assert two["models"]["hstu"]["valid"] is not None
+    assert "leave-one-out, full corpus" in printed
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "eval.holdout: 'leave_one_out' has no validation split: train.eval_every" in err
+
+
 def test_bad_row_is_one_line_exit_2(tmp_path, capsys):
     from torchrec_ascend.training.cli import main
 

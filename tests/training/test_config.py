@@ -63,6 +63,10 @@ def test_defaults_are_valid_and_dims_pad_to_4():
     ("train", {"precision": "fp16"}, "train.precision: 'fp16' is not one of ['auto', 'fp32', 'bf16']"),
     ("train", {"precision": 16}, "train.precision: 16 is not a string"),
     ("eval", {"metric": "ndcg@7"}, "eval.metric: 'ndcg@7' is not one of"),
+    ("eval", {"holdout": "last"}, "eval.holdout: 'last' is not one of ['leave_two_out', "
+                                  "'leave_one_out']"),
+    ("eval", {"holdout": "leave_one_out", "restore_best": True},
+     "eval.restore_best: needs train.eval_every > 0"),
     ("data", {"files": []}, "data.files: source 'table' needs at least one file"),
     ("data", {"min_len": 2}, "data.min_len: 2 is not an integer >= 3"),
     ("data", {"positive": {"any_of": ["click"]}}, "data.positive: a positive rule needs data.action_cols"),

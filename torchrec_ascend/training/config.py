@@ -149,13 +149,18 @@ class EvalConfig:
     periodic evaluations (None: all; the final validation and test use every user), the
     validation ``metric`` early stopping watches, and ``restore_best``: keep a checkpoint of
     the best periodic validation (``<out>/<model>/best/``) and compute the final validation and
-    test with it (False: with the final model)."""
+    test with it (False: with the final model).  ``holdout``: ``leave_two_out`` (default:
+    validation = second-to-last item, test = last, training sees neither) or ``leave_one_out``
+    (Meta's reference protocol: training also sees the second-to-last item, test = last, no
+    validation; for a side-by-side run with the reference once the settings are chosen, so
+    periodic evaluation, early stopping and restore_best are refused)."""
 
     ks: List[int] = field(default_factory=lambda: [10, 50, 200])
     batch_size: int = 256
     eval_users: Optional[int] = None
     metric: str = "ndcg@10"
     restore_best: bool = False
+    holdout: str = "leave_two_out"
 
 
 @dataclass
@@ -369,6 +374,16 @@ def _validate(cfg: ExperimentConfig) -> None:
                                                "chosen on periodic validation)")
     allowed = [f"hr@{k}" for k in e.ks] + [f"ndcg@{k}" for k in e.ks] + ["mrr"]
     _one_of("eval.metric", e.metric, allowed)
+    from .split import HOLDOUTS
+
+    _one_of("eval.holdout", e.holdout, HOLDOUTS)
+    if e.holdout == "leave_one_out":
+        for key, value in (("train.eval_every", t.eval_every),
+                           ("train.early_stopping_patience", t.early_stopping_patience),
+                           ("eval.restore_best", e.restore_best)):
+            if value:
+                raise ConfigError("eval.holdout", f"'leave_one_out' has no validation split: "
+                                                  f"{key} must be 0 / false (got {value!r})")
 
 
 # -------------------------------------------------------------------------- loading

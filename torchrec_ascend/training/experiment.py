@@ -32,15 +32,17 @@ from .evaluator import Evaluator, eval_users
 from .precision import resolve_precision
 from .recorder import plot
 from .sources import load_sequences
-from .split import Split, leave_two_out
+from .split import Split, leave_one_out, leave_two_out
 from .trainer import Trainer
 
 __all__ = ["run_experiment", "prepare_split", "format_summary"]
 
 
 def prepare_split(cfg: ExperimentConfig, progress: bool = False) -> Split:
-    """The config's data as a leave-two-out split (collective in a multi-rank job)."""
-    return leave_two_out(load_sequences(cfg.data, progress=progress))
+    """The config's data as a leave-two-out split, or leave-one-out with ``eval.holdout``
+    (collective in a multi-rank job)."""
+    hold_out = leave_one_out if cfg.eval.holdout == "leave_one_out" else leave_two_out
+    return hold_out(load_sequences(cfg.data, progress=progress))
 
 
 def _peak(env: DistEnv, gemm_size: int, dtype: torch.dtype = torch.float32) -> float:
@@ -67,8 +69,10 @@ def run_experiment(cfg: ExperimentConfig, out: str, resume: bool = False, progre
     lens = split.prefix_lengths
     say(f"data: {split.num_users:,} users, {split.num_items:,} items, {len(split.items):,} "
         f"training events (prefix length mean {lens.mean():.1f}, max {lens.max()}); "
-        f"leave-two-out: validation = second-to-last, test = last item "
-        f"({time.perf_counter() - t0:.1f}s)")
+        + ("leave-two-out: validation = second-to-last, test = last item "
+           if split.has_valid else
+           "leave-one-out: test = last item, the second-to-last is trained on, no validation ")
+        + f"({time.perf_counter() - t0:.1f}s)")
     compute_dtype, why = resolve_precision(cfg.train.precision, env.device)
     peak = _peak(env, cfg.train.peak_gemm_size, compute_dtype)
     say(f"device {env.device}, compute dtype {dtype_name(compute_dtype)} ({why}), peak "
@@ -76,7 +80,8 @@ def run_experiment(cfg: ExperimentConfig, out: str, resume: bool = False, progre
         f"{env.world_size} rank(s)")
     ev = Evaluator(split, cfg.model.max_seq_len, cfg.eval.ks, cfg.eval.batch_size)
     users = eval_users(split.num_users, env.rank, env.world_size)
-    baselines = {"most_popular": {w: ev.most_popular(w, users) for w in ("valid", "test")}}
+    baselines = {"most_popular": {w: ev.most_popular(w, users) if w == "test" or split.has_valid
+                                  else None for w in ("valid", "test")}}
     histories: Dict[str, Dict[str, list]] = {}
     results: Dict[str, Any] = {}
     for kind in cfg.models:
@@ -98,7 +103,7 @@ def run_experiment(cfg: ExperimentConfig, out: str, resume: bool = False, progre
         "models": results, "baselines": baselines,
         "seconds": time.perf_counter() - t0, "config_values": cfg.to_dict()}
     if env.rank == 0:
-        valid_base = {k: v["valid"] for k, v in baselines.items()}
+        valid_base = {k: v["valid"] for k, v in baselines.items() if v["valid"] is not None}
         summary["plot"] = plot(out, histories, valid_base, key=cfg.eval.metric)
         tmp = os.path.join(out, "results.json.tmp")
         with open(tmp, "w") as f:
@@ -114,11 +119,14 @@ def format_summary(s: Dict[str, Any]) -> str:
     """The final table: every model and baseline, validation and test."""
     rows = [(k, r["valid"], r["test"]) for k, r in s["models"].items()]
     rows += [(k, r["valid"], r["test"]) for k, r in s["baselines"].items()]
-    keys = list(rows[0][1].keys())
-    lines = [f"\n== {s['config']}: leave-two-out, full corpus, history filtered ==",
+    keys = list(rows[0][2].keys())  # the test metrics (leave-one-out has no validation)
+    holdout = s.get("config_values", {}).get("eval", {}).get("holdout", "leave_two_out")
+    lines = [f"\n== {s['config']}: {holdout.replace('_', '-')}, full corpus, history filtered ==",
              f"{'model':<14}{'split':<7}" + "".join(f"{k:>10}" for k in keys)]
     for name, valid, test in rows:
         for split, met in (("valid", valid), ("test", test)):
+            if met is None:  # leave-one-out: no validation
+                continue
             lines.append(f"{name:<14}{split:<7}" + "".join(f"{met[k]:>10.4f}" for k in keys))
     for k, r in s["models"].items():
         if r.get("tokens_per_s"):

@@ -1,4 +1,5 @@
-"""Leave-two-out split and the sequence windows the trainer and the evaluator read.
+"""Leave-two-out split (and the leave-one-out variant) and the sequence windows the trainer
+and the evaluator read.
 
 Each user's positive sequence ``p_0 .. p_{n-1}`` (``n >= 3``, time order):
 
@@ -8,6 +9,11 @@ Each user's positive sequence ``p_0 .. p_{n-1}`` (``n >= 3``, time order):
 
 Training never sees a validation or test item as an input or a target; periodic evaluation,
 early stopping and model choices use validation only; the test is computed once at the end.
+
+:func:`leave_one_out` is the published protocol of Meta's reference HSTU (no validation split):
+training sees ``p_0 .. p_{n-2}``, the test is the same as above, and there is no validation
+(``Split.has_valid`` is False).  It is for running the reference's protocol next to it after the
+settings were chosen on the leave-two-out validation, never for choosing them.
 
 Time bias at evaluation (issue 16): in training the query at position ``i`` attends with the
 time of its *target* (``ts[i + 1]``: HSTU's relative time bias).  At serving time the request
@@ -27,9 +33,10 @@ import numpy as np
 
 from ..datasets import Sequences
 
-__all__ = ["Split", "leave_two_out", "EVAL_SPLITS"]
+__all__ = ["Split", "leave_two_out", "leave_one_out", "HOLDOUTS", "EVAL_SPLITS"]
 
 EVAL_SPLITS = ("valid", "test")
+HOLDOUTS = ("leave_two_out", "leave_one_out")
 
 
 def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -54,7 +61,8 @@ class Split:
 
     ``items`` / ``times`` (seconds) / ``actions`` (uint8 bits) / ``offsets [U + 1]``: the
     training prefixes.  ``valid_*`` / ``test_*`` ``[U]``: the held-out items, their times and
-    action bits."""
+    action bits.  ``has_valid`` False (leave-one-out): the ``valid_*`` item is the last item of
+    the training prefix, not held out, and there is no validation split."""
 
     items: np.ndarray
     times: np.ndarray
@@ -66,6 +74,7 @@ class Split:
     test_items: np.ndarray
     test_times: np.ndarray
     num_items: int
+    has_valid: bool = True
 
     @property
     def num_users(self) -> int:
@@ -93,6 +102,9 @@ class Split:
     def targets(self, users: np.ndarray, which: str) -> np.ndarray:
         if which not in EVAL_SPLITS:
             raise ValueError(f"which: {which!r} is not one of {list(EVAL_SPLITS)}")
+        if which == "valid" and not self.has_valid:
+            raise ValueError("which: 'valid' is not held out in a leave-one-out split (the "
+                             "second-to-last item is trained on); evaluate 'test' only")
         return (self.valid_items if which == "valid" else self.test_items)[users]
 
     def history(self, users: np.ndarray, which: str) -> Tuple[np.ndarray, np.ndarray]:
@@ -100,9 +112,9 @@ class Split:
         the validation item for ``test``."""
         idx = _ranges(self.offsets[users], self.offsets[users + 1])
         lens = self.prefix_lengths[users]
-        if which == "valid":
-            return self.items[idx], _offsets(lens)
         self.targets(users, which)
+        if which == "valid" or not self.has_valid:  # the prefix is the whole history
+            return self.items[idx], _offsets(lens)
         off = _offsets(lens + 1)
         ids = np.empty(off[-1], dtype=np.int64)
         last = off[1:] - 1
@@ -120,7 +132,8 @@ class Split:
         hist_idx = _ranges(self.offsets[users], self.offsets[users + 1])
         lens = self.prefix_lengths[users]
         items, times, actions = self.items[hist_idx], self.times[hist_idx], self.actions[hist_idx]
-        if which == "test":  # append the validation item to each history
+        self.targets(users, which)
+        if which == "test" and self.has_valid:  # append the validation item to each history
             off = _offsets(lens + 1)
             keep = np.ones(off[-1], dtype=bool)
             keep[off[1:] - 1] = False
@@ -129,8 +142,6 @@ class Split:
             it[~keep], tm[~keep] = self.valid_items[users], self.valid_times[users]
             ac[~keep] = self.valid_actions[users]
             items, times, actions, lens = it, tm, ac, lens + 1
-        else:
-            self.targets(users, which)
         hist_off = _offsets(lens)
         keep_n = np.minimum(lens, max_len - 1)
         sel = _ranges(hist_off[1:] - keep_n, hist_off[1:])
@@ -147,22 +158,36 @@ class Split:
         return o_items, o_times, o_act, out_off, req - 1
 
 
-def leave_two_out(seqs: Sequences) -> Split:
-    """Hold out each user's last two positives (validation, test); users need >= 3."""
+def _hold_out(seqs: Sequences, holdout: str) -> Split:
     lens = seqs.lengths
     if len(lens) == 0:
         raise ValueError("seqs: no users (the data set has no user with enough positives)")
-    if (lens < 3).any():
-        raise ValueError("seqs: every user needs at least 3 positive events for leave-two-out "
+    if (lens < 3).any():  # the same users under both holdouts: the same test set
+        raise ValueError(f"seqs: every user needs at least 3 positive events for {holdout} "
                          f"(min_len >= 3); {int((lens < 3).sum())} have fewer")
     test = seqs.offsets[1:] - 1
     valid = test - 1
     keep = np.ones(len(seqs.items), dtype=bool)
     keep[test] = False
-    keep[valid] = False
+    has_valid = holdout == "leave_two_out"
+    if has_valid:
+        keep[valid] = False
     times_s = (np.asarray(seqs.times) // 1000).astype(np.int64)
     items = np.asarray(seqs.items).astype(np.int64)
     actions = np.asarray(seqs.actions).astype(np.uint8)
-    return Split(items[keep], times_s[keep], actions[keep], _offsets(lens - 2),
+    return Split(items[keep], times_s[keep], actions[keep],
+                 _offsets(lens - (2 if has_valid else 1)),
                  items[valid], times_s[valid], actions[valid], items[test], times_s[test],
-                 int(seqs.num_items))
+                 int(seqs.num_items), has_valid)
+
+
+def leave_two_out(seqs: Sequences) -> Split:
+    """Hold out each user's last two positives (validation, test); users need >= 3."""
+    return _hold_out(seqs, "leave_two_out")
+
+
+def leave_one_out(seqs: Sequences) -> Split:
+    """Hold out each user's last positive (test) and train on the rest, validation item
+    included: the reference's protocol (module docstring); users need >= 3, as for
+    :func:`leave_two_out`, so both test the same users."""
+    return _hold_out(seqs, "leave_one_out")

@@ -321,12 +321,13 @@ class Trainer:
                 raise RuntimeError(f"eval.restore_best: no checkpoint under {self.best_root}")
             restored = int(ckpt.load(best, self.dmp, self.optimizer)["step"])
             self.say(f"[{self.kind}] restored the best validation model (step {restored})")
-        valid = self.evaluate("valid")
+        valid = self.evaluate("valid") if self.split.has_valid else None  # leave-one-out: none
         test = self.evaluate("test")
         for name, met in (("valid", valid), ("test", test)):
-            for k, v in met.items():
+            for k, v in (met or {}).items():
                 rec.scalar(f"final_{name}/{k}", v, step)
-        history["eval"].append({"step": step, "split": "valid", **valid})
+        if valid is not None:
+            history["eval"].append({"step": step, "split": "valid", **valid})
         rec.log({"step": step, "split": "final", "valid": valid, "test": test})
         rec.close()
         perf = history.get("perf", [])
