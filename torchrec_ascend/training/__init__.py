@@ -20,11 +20,11 @@ from .config import (ConfigError, DataConfig, EvalConfig, ExperimentConfig, Mode
                      TrainConfig, apply_overrides, config_from_dict, load_config)
 from .experiment import run_experiment
 from .pipelines import make_pipeline
-from .split import Split, leave_two_out
+from .split import Split, leave_one_out, leave_two_out
 from .trainer import Trainer
 
 __all__ = [
     "ConfigError", "DataConfig", "EvalConfig", "ExperimentConfig", "ModelConfig",
-    "Split", "TrainConfig", "Trainer", "apply_overrides", "config_from_dict", "leave_two_out",
-    "load_config", "make_pipeline", "run_experiment",
+    "Split", "TrainConfig", "Trainer", "apply_overrides", "config_from_dict", "leave_one_out",
+    "leave_two_out", "load_config", "make_pipeline", "run_experiment",
 ]

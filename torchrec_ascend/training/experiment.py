@@ -80,8 +80,9 @@ def run_experiment(cfg: ExperimentConfig, out: str, resume: bool = False, progre
         f"{env.world_size} rank(s)")
     ev = Evaluator(split, cfg.model.max_seq_len, cfg.eval.ks, cfg.eval.batch_size)
     users = eval_users(split.num_users, env.rank, env.world_size)
-    baselines = {"most_popular": {w: ev.most_popular(w, users) if w == "test" or split.has_valid
-                                  else None for w in ("valid", "test")}}
+    baselines = {"most_popular": {
+        "valid": ev.most_popular("valid", users) if split.has_valid else None,  # leave-one-out
+        "test": ev.most_popular("test", users)}}
     histories: Dict[str, Dict[str, list]] = {}
     results: Dict[str, Any] = {}
     for kind in cfg.models:
