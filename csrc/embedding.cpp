@@ -16,6 +16,7 @@
 #include <torch/extension.h>
 
 #include <immintrin.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -139,10 +140,25 @@ void check_offsets(const std::vector<int64_t>& offs, int64_t n_bags, int64_t N) 
 //    forward at 12.8 ms for 130 MB of rows: the L1's few miss buffers were the limit; with the L2
 //    stage it took 6.7-7.4 ms (AVX-512 AMD EPYC, D=256, 4 x 50k-row tables; the AVX2 loop on the
 //    same CPU: 11.7 -> 7.0-7.9 ms, standalone loop timings).
+//  * kLlc: rows of weights small enough to stay in the last-level cache (weights_fit_llc): only
+//    the L1 stage, kNearAhead on.  There the L2 stage's sixteen extra prefetches per row cost more
+//    than they hide: quick-shape forward (4 x 10k rows, 41 MB) 0.93 ms with it, 0.78-0.83 without
+//    (fbgemm 0.75-0.79), while the full shape (205 MB) still gains from it (8.1 ms vs 8.4); 2-core
+//    Intel Xeon, AVX-512, 480 MB L3, benchmarks/ops.py.
 //  * kCache: slices of the output gradient, which sits in L2 (the backward's per-row sums): only
 //    the L1 stage, kCacheAhead positions on.
-enum class Source { kMemory, kCache };
+enum class Source { kMemory, kLlc, kCache };
 constexpr int64_t kFarAhead = 32, kNearAhead = 8, kCacheAhead = 16;
+
+// Weights of `bytes` count as LLC-resident when they take at most a quarter of the last-level
+// cache the OS reports (other data and other tenants share it); no report: never.
+inline bool weights_fit_llc(int64_t bytes) {
+  static const int64_t llc = [] {
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return static_cast<int64_t>(l3 > 0 ? l3 : 0);
+  }();
+  return bytes <= llc / 4;
+}
 
 // p, hidden from the optimiser: without it GCC folds a block's column offset d0 into sixteen
 // per-load offsets (rows[i] + (4 * d0 + 64 * j)), which it keeps in spare vector registers and on
@@ -169,7 +185,7 @@ inline void prefetch_far(const float* const* rows, int64_t i, int64_t n_ahead, i
   }
 }
 
-constexpr int64_t near_ahead(Source src) { return src == Source::kMemory ? kNearAhead : kCacheAhead; }
+constexpr int64_t near_ahead(Source src) { return src == Source::kCache ? kCacheAhead : kNearAhead; }
 
 // o[0, D) += sum_i s[i] * rows[i][0, D) (s == nullptr: all 1), fp32 with AVX2/FMA: columns in
 // blocks of 64 held in eight registers across all rows of the bag (the output is read and written
@@ -362,6 +378,7 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
       const index_t* ip = indices.data_ptr<index_t>();
       const int64_t work = (offs[T * B] - offs[0]) * std::max<int64_t>(total_D / T, 1);
       const bool blocked = std::is_same_v<scalar_t, float> && have_avx2();
+      const bool in_llc = weights_fit_llc(wn * static_cast<int64_t>(sizeof(scalar_t)));
       parallel_over(T * B, work, [&](int64_t k0, int64_t k1) {
         RowPrefetcher<scalar_t, index_t> ahead{offs, w_off, dims.data(), 0, B, offs[k1], wn, wp, ip, k0};
         // fp32 on AVX2: the chunk's row pointers first (checked), then the blocked sum per bag
@@ -388,8 +405,13 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
             const int64_t first = offs[k] - offs[k0];
             const float* sw = iwp ? reinterpret_cast<const float*>(iwp) + offs[k] : nullptr;
             const int64_t ahead_n = static_cast<int64_t>(rows.size()) - first;
-            pool_f32<Source::kMemory>(reinterpret_cast<float*>(o), rows.data() + first, sw,
-                                      offs[k + 1] - offs[k], ahead_n, D);
+            if (in_llc) {
+              pool_f32<Source::kLlc>(reinterpret_cast<float*>(o), rows.data() + first, sw,
+                                     offs[k + 1] - offs[k], ahead_n, D);
+            } else {
+              pool_f32<Source::kMemory>(reinterpret_cast<float*>(o), rows.data() + first, sw,
+                                        offs[k + 1] - offs[k], ahead_n, D);
+            }
           } else {
             for (int64_t i = offs[k]; i < offs[k + 1]; ++i) {
               const int64_t start = w_off[t] + static_cast<int64_t>(ip[i]) * D;
