@@ -40,7 +40,6 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 METRICS = ("hr@10", "hr@50", "hr@200", "ndcg@10", "ndcg@50", "ndcg@200", "mrr")
-HEADLINE = ("hr@10", "ndcg@10", "hr@200", "mrr")  # the acceptance metrics of issue 16
 
 
 def _load(path: str) -> Dict[str, Any]:
@@ -109,8 +108,9 @@ def group_summary(command: str, dirs: Sequence[str]) -> Dict[str, Any]:
     out: Dict[str, Any] = {"command": command, "epochs": epochs.pop(), "runs": runs}
     for split in ("test", "valid"):
         if all(r[split] is not None for r in runs):
-            out[f"{split}_mean"] = {m: mean_se([r[split][m] for r in runs])[0] for m in METRICS}
-            out[f"{split}_se"] = {m: mean_se([r[split][m] for r in runs])[1] for m in METRICS}
+            stats = {m: mean_se([r[split][m] for r in runs]) for m in METRICS}
+            out[f"{split}_mean"] = {m: mean for m, (mean, _) in stats.items()}
+            out[f"{split}_se"] = {m: se for m, (_, se) in stats.items()}
     return out
 
 
