@@ -16,6 +16,14 @@
 #define TRASC_X86 1
 #endif
 
+// Lets a function's __builtin_prefetch(p, 1, ...) be a PREFETCHW (prefetch for writing; every
+// x86-64 CPU since Broadwell / K8 has it, older ones execute it as a NOP).
+#if defined(TRASC_X86)
+#define TRASC_TARGET_PRFCHW __attribute__((target("prfchw")))
+#else
+#define TRASC_TARGET_PRFCHW
+#endif
+
 namespace torchrec_ascend {
 
 enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };

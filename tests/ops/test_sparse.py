@@ -289,11 +289,13 @@ def test_invert_permute(backend, dtype, n):
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
-def test_invert_permute_names_the_first_entry_outside(dtype):
+@pytest.mark.parametrize("n", [11, 101])
+def test_invert_permute_names_the_first_entry_outside(dtype, n):
     """The csrc kernel tests four entries per step: an entry outside [0, n) is reported by its own
-    position wherever it lies in a step (and in the tail), the first one when there are two."""
+    position wherever it lies in a step (and in the tail), the first one when there are two.
+    n=11: two steps of four, then a tail of three; n=101: the steps that prefetch the entries 32
+    on (which may be the bad ones) come first."""
     _need("invert_permute", "cpu_kernel")
-    n = 11  # two steps of four, then a tail of three
     for pos in range(n):
         for bad in (n, -1):
             p = torch.randperm(n, generator=torch.Generator().manual_seed(pos)).to(dtype)
@@ -322,6 +324,27 @@ def _test_expand_into_jagged_permute(backend, t, max_len, dtype, seed):
 def test_expand_into_jagged_permute(backend, t, max_len, dtype, seed):
     _need("expand_into_jagged_permute", backend)
     _test_expand_into_jagged_permute(backend, t, max_len, dtype, seed)
+
+
+@pytest.mark.parametrize("cap", [0, 1, 2])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_iota_fills_match_fbgemm_on_every_vector_path(cap, dtype, isa_cap):
+    """offsets_range and expand_into_jagged_permute write each segment's run of integers with
+    aligned vector stores after a scalar head: segments of length 0, 1, up to 300, starting at
+    every alignment, on the scalar (0), AVX2 (1) and AVX-512 (2) paths, equal fbgemm's."""
+    _need("offsets_range", "cpu_kernel")
+    g = torch.Generator().manual_seed(17 + cap)
+    lengths = torch.cat([torch.tensor([0, 1, 300, 7, 8, 9, 31, 33, 0, 65]),
+                         torch.randint(0, 120, (60,), generator=g)]).to(dtype)
+    offsets = ref.asynchronous_exclusive_cumsum(lengths)
+    size = int(lengths.sum())
+    perm = torch.randperm(lengths.numel(), generator=g).to(dtype)
+    out_off = ref.asynchronous_complete_cumsum(lengths[perm.long()])
+    in_off = ref.asynchronous_complete_cumsum(lengths)
+    isa_cap(cap)
+    _equal(_run("offsets_range", "cpu_kernel", offsets, size), FB.offsets_range(offsets, size))
+    _equal(_run("expand_into_jagged_permute", "cpu_kernel", perm, in_off, out_off, size),
+           FB.expand_into_jagged_permute(perm, in_off, out_off, size))
 
 
 @BACKENDS
