@@ -140,7 +140,7 @@ void check_offsets(const std::vector<int64_t>& offs, int64_t n_bags, int64_t N) 
 //    forward at 12.8 ms for 130 MB of rows: the L1's few miss buffers were the limit; with the L2
 //    stage it took 6.7-7.4 ms (AVX-512 AMD EPYC, D=256, 4 x 50k-row tables; the AVX2 loop on the
 //    same CPU: 11.7 -> 7.0-7.9 ms, standalone loop timings).
-//  * kLlc: rows of weights small enough to stay in the last-level cache (weights_fit_llc): only
+//  * kLlc: rows of weights small enough to stay in the last-level cache (fits_llc, csrc/isa.h): only
 //    the L1 stage, kNearAhead on.  There the L2 stage's sixteen extra prefetches per row cost more
 //    than they hide: quick-shape forward (4 x 10k rows, 41 MB) 0.93 ms with it, 0.78-0.83 without
 //    (fbgemm 0.75-0.79), while the full shape (205 MB) still gains from it (8.1 ms vs 8.4); 2-core
@@ -149,16 +149,6 @@ void check_offsets(const std::vector<int64_t>& offs, int64_t n_bags, int64_t N) 
 //    the L1 stage, kCacheAhead positions on.
 enum class Source { kMemory, kLlc, kCache };
 constexpr int64_t kFarAhead = 32, kNearAhead = 8, kCacheAhead = 16;
-
-// Weights of `bytes` count as LLC-resident when they take at most a quarter of the last-level
-// cache the OS reports (other data and other tenants share it); no report: never.
-inline bool weights_fit_llc(int64_t bytes) {
-  static const int64_t llc = [] {
-    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    return static_cast<int64_t>(l3 > 0 ? l3 : 0);
-  }();
-  return bytes <= llc / 4;
-}
 
 // p, hidden from the optimiser: without it GCC folds a block's column offset d0 into sixteen
 // per-load offsets (rows[i] + (4 * d0 + 64 * j)), which it keeps in spare vector registers and on
@@ -378,7 +368,7 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
       const index_t* ip = indices.data_ptr<index_t>();
       const int64_t work = (offs[T * B] - offs[0]) * std::max<int64_t>(total_D / T, 1);
       const bool blocked = std::is_same_v<scalar_t, float> && have_avx2();
-      const bool in_llc = weights_fit_llc(wn * static_cast<int64_t>(sizeof(scalar_t)));
+      const bool in_llc = fits_llc(wn * static_cast<int64_t>(sizeof(scalar_t)));
       parallel_over(T * B, work, [&](int64_t k0, int64_t k1) {
         RowPrefetcher<scalar_t, index_t> ahead{offs, w_off, dims.data(), 0, B, offs[k1], wn, wp, ip, k0};
         // fp32 on AVX2: the chunk's row pointers first (checked), then the blocked sum per bag

@@ -694,19 +694,23 @@ def test_validate_false_skips_value_reads():
 # --------------------------------------------------------------------------- streaming stores
 
 
+@pytest.mark.parametrize("llc", [0, 1 << 40], ids=["streamed", "cached"])
 @pytest.mark.parametrize("cap", [2, 1, 0], ids=["avx512", "avx2", "scalar"])
-def test_large_outputs_by_streaming_stores_match_reference(cap, isa_cap):
-    """Outputs of >= 8 MiB (csrc/isa.h kStreamOutputBytes) are written with non-temporal stores:
-    the J=2 zero-padded jagged_to_padded_dense_forward (8.4 MB; rows of 0, 1 and max items, an
+def test_large_outputs_by_streaming_stores_match_reference(cap, llc, isa_cap, llc_bytes):
+    """Outputs of >= 8 MiB that do not fit the LLC (csrc/isa.h stream_output) are written with
+    non-temporal stores, others with regular ones: the J=2 zero-padded
+    jagged_to_padded_dense_forward (8.4 MB; rows of 0, 1 and max items, runs of empty rows, an
     odd D so rows start off the 32/64-byte grid) and jagged_index_select (8.6 MB), on every ISA
-    path, against the reference."""
+    path with no LLC (streamed) and a 1 TiB one (cached), against the reference."""
     g = torch.Generator().manual_seed(31)
     isa_cap(cap)
+    llc_bytes(llc)
     B, N0, N1, D = 64, 16, 32, 65
     l0 = torch.randint(0, N0 + 1, (B,), generator=g)
     l0[:3] = torch.tensor([0, 1, N0])
     l1 = torch.randint(0, N1 + 1, (int(l0.sum()),), generator=g)
     l1[:3] = torch.tensor([0, 1, N1])
+    l1[5:40] = 0  # a run of empty dense rows: one padding fill across them
     offs = [torch.cat([torch.zeros(1, dtype=torch.int64), l.cumsum(0)]) for l in (l0, l1)]
     x = torch.randn(int(l1.sum()), D, generator=g)
     with tops.use_backend("cpu_kernel", ops=["jagged_to_padded_dense_forward"]):
