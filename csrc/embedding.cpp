@@ -16,11 +16,11 @@
 #include <torch/extension.h>
 
 #include <immintrin.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -141,14 +141,20 @@ void check_offsets(const std::vector<int64_t>& offs, int64_t n_bags, int64_t N) 
 //    stage it took 6.7-7.4 ms (AVX-512 AMD EPYC, D=256, 4 x 50k-row tables; the AVX2 loop on the
 //    same CPU: 11.7 -> 7.0-7.9 ms, standalone loop timings).
 //  * kLlc: rows of weights small enough to stay in the last-level cache (fits_llc, csrc/isa.h): only
-//    the L1 stage, kNearAhead on.  There the L2 stage's sixteen extra prefetches per row cost more
-//    than they hide: quick-shape forward (4 x 10k rows, 41 MB) 0.93 ms with it, 0.78-0.83 without
-//    (fbgemm 0.75-0.79), while the full shape (205 MB) still gains from it (8.1 ms vs 8.4); 2-core
-//    Intel Xeon, AVX-512, 480 MB L3, benchmarks/ops.py.
+//    the L1 stage.  There the L2 stage's sixteen extra prefetches per row cost more than they
+//    hide: quick-shape forward (4 x 10k rows, 41 MB) 0.93 ms with it, 0.78-0.83 without (fbgemm
+//    0.75-0.79), while the full shape (205 MB) still gains from it (8.1 ms vs 8.4).  The AVX-512
+//    sum asks for the first kLlcLines of a 16-line block kLlcAhead rows on and leaves the rest of
+//    the row to the L2's stream prefetcher (the row is one ascending run): fewer software
+//    prefetches hold fewer of the L1's miss buffers.  Quick-shape forward against fbgemm (thread
+//    CPU time, alternating): all 16 lines 8 ahead 1.005x, 8 lines 12 ahead 0.97x, 12 lines 10
+//    ahead 0.96x, none 1.03x.  2-core Intel Xeon, AVX-512, 480 MB L3.
 //  * kCache: slices of the output gradient, which sits in L2 (the backward's per-row sums): only
 //    the L1 stage, kCacheAhead positions on.
 enum class Source { kMemory, kLlc, kCache };
 constexpr int64_t kFarAhead = 32, kNearAhead = 8, kCacheAhead = 16;
+constexpr int64_t kLlcAhead = 10, kLlcLines = 12;
+constexpr int64_t kLlcPrefixBytes = 512;  // RowPrefetcher's share of an LLC-resident row
 
 // p, hidden from the optimiser: without it GCC folds a block's column offset d0 into sixteen
 // per-load offsets (rows[i] + (4 * d0 + 64 * j)), which it keeps in spare vector registers and on
@@ -241,8 +247,10 @@ __attribute__((target("avx512f"))) inline void pool_block_avx512(
   for (int j = 0; j < 16; ++j) a[j] = _mm512_loadu_ps(o + d0 + 16 * j);
   for (int64_t i = 0; i < n; ++i) {
     if (d0 == 0) prefetch_far<kSrc>(rows, i, n_ahead, D);
-    const char* p = row_ahead(rows, i, near_ahead(kSrc), n_ahead, d0);
-    for (int c = 0; c < 1024; c += 64) _mm_prefetch(p + c, _MM_HINT_T0);
+    constexpr int64_t kAheadRows = kSrc == Source::kLlc ? kLlcAhead : near_ahead(kSrc);
+    constexpr int kLines = kSrc == Source::kLlc ? kLlcLines : 16;  // of the block's 16
+    const char* p = row_ahead(rows, i, kAheadRows, n_ahead, d0);
+    for (int c = 0; c < 64 * kLines; c += 64) _mm_prefetch(p + c, _MM_HINT_T0);
     const float* r = opaque(rows[i] + d0);
     if constexpr (kWeighted) {
       const __m512 sv = _mm512_set1_ps(s[i]);
@@ -296,7 +304,11 @@ inline void pool_f32(float* o, const float* const* rows, const float* s, int64_t
 
 // Prefetches the row of position i + kAhead while position i is summed, across bag ends (short
 // bags are the common case: stopping at a bag's end would leave their rows unfetched).  Bags
-// [k0, k1) cover positions [offs[k0], offs[k1]); advance() is called with ascending i.
+// [k0, k1) cover positions [offs[k0], offs[k1]); advance() is called with ascending i.  At most
+// the first `max_dim` elements of a row are asked for (kLlcPrefix for weights in the LLC: the L2's
+// stream prefetcher brings the rest of the ascending row, and fewer software prefetches hold
+// fewer L1 miss buffers; the quick-shape nobag forward went 1.00 -> 0.98x fbgemm's time with the
+// first 512 bytes, 2-core Intel Xeon).
 template <typename scalar_t, typename index_t>
 struct RowPrefetcher {
   const std::vector<int64_t>& offs;
@@ -306,14 +318,24 @@ struct RowPrefetcher {
   const scalar_t* wp;
   const index_t* ip;
   int64_t kp;  // bag of the prefetched position
+  int64_t max_dim = std::numeric_limits<int64_t>::max();
+  int64_t tp = -1, base = 0, Dp = 0;  // its table, the table's first weight and dim (tp < 0: not yet)
 
   void advance(int64_t i) {
     const int64_t j = i + kAhead;
     if (j >= end) return;
-    while (offs[kp + 1] <= j) ++kp;
-    const int64_t t = kp / B, Dt = dims ? dims[t] : D;
-    const int64_t next = w_off[t] + static_cast<int64_t>(ip[j]) * Dt;
-    if (next >= 0 && next + Dt <= wn) prefetch_row(wp + next, Dt);
+    bool moved = tp < 0;
+    while (offs[kp + 1] <= j) {
+      ++kp;
+      moved = true;
+    }
+    if (moved) {  // the table of a new bag: one division per bag, not per row
+      tp = kp / B;
+      base = w_off[tp];
+      Dp = dims ? dims[tp] : D;
+    }
+    const int64_t next = base + static_cast<int64_t>(ip[j]) * Dp;
+    if (next >= 0 && next + Dp <= wn) prefetch_row(wp + next, std::min(Dp, max_dim));
   }
 };
 
@@ -334,6 +356,44 @@ inline __attribute__((always_inline)) void check_row(int64_t start, int64_t D, i
   }
 }
 
+// rp[i] = w + base + idx[i] * D for the leading i in [0, n) whose rows lie inside the weights
+// (wn floats), eight at a time with AVX-512; returns how many it wrote (the caller does the rest
+// with check_row, which names a bad index).  The pooled forward's row-pointer pass cost ~1.5% of
+// the quick-shape forward as a scalar loop (2-core Intel Xeon).  Rows must be addressable with
+// 32-bit row numbers and strides (the lanes multiply their low halves); otherwise it writes none.
+template <typename index_t>
+__attribute__((target("avx512f"))) int64_t row_pointers_avx512(const float** rp, const float* w,
+                                                               const index_t* idx, int64_t n,
+                                                               int64_t base, int64_t D,
+                                                               int64_t wn) {
+  const int64_t room = wn - base - D;  // the last row's start, relative to base
+  const int64_t stride = D * static_cast<int64_t>(sizeof(float));
+  if (room < 0 || D <= 0 || room / D >= (int64_t{1} << 32) || stride >= (int64_t{1} << 32)) {
+    return 0;
+  }
+  const __m512i last = _mm512_set1_epi64(room / D);  // the largest valid row number
+  const __m512i first = _mm512_set1_epi64(reinterpret_cast<int64_t>(w + base));
+  const __m512i step = _mm512_set1_epi64(stride);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m512i x;
+    if constexpr (sizeof(index_t) == 8) {
+      x = _mm512_loadu_si512(idx + i);
+    } else {
+      x = _mm512_cvtepi32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + i)));
+    }
+    if (_mm512_cmpgt_epu64_mask(x, last) != 0) break;  // negative ones too (unsigned compare)
+    _mm512_storeu_si512(rp + i, _mm512_add_epi64(first, _mm512_mul_epu32(x, step)));
+  }
+  return i;
+}
+
+template <typename index_t>
+inline int64_t row_pointers_vector(const float** rp, const float* w, const index_t* idx, int64_t n,
+                                   int64_t base, int64_t D, int64_t wn) {
+  return have_avx512() ? row_pointers_avx512(rp, w, idx, n, base, D, wn) : 0;
+}
+
 at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offsets,
                   const at::Tensor& D_offsets, int64_t total_D, const at::Tensor& indices_in,
                   const at::Tensor& offsets_in, int64_t pooling_mode,
@@ -349,7 +409,11 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
   const int64_t B = (static_cast<int64_t>(offs.size()) - 1) / T;
   const int64_t N = indices.numel();
   const at::ScalarType acc_t = w.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  auto out = at::zeros({B, total_D}, w.options().dtype(acc_t));
+  // Every bag zeroes its own slice just before it is summed (in L1 then), when the bags' slices
+  // cover the output; at::zeros of the whole output cost ~1.3% of the quick-shape forward.
+  const bool bags_cover = d_off[T] == total_D && d_off[0] == 0;
+  auto out = bags_cover ? at::empty({B, total_D}, w.options().dtype(acc_t))
+                        : at::zeros({B, total_D}, w.options().dtype(acc_t));
   at::Tensor iw;
   if (indice_weights.has_value() && indice_weights->numel() > 0) {
     iw = indice_weights->to(acc_t).contiguous();
@@ -380,7 +444,9 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
           const float* wf = reinterpret_cast<const float*>(wp);
           for (int64_t k = k0; k < k1; ++k) {
             const int64_t t = k / B, D = dims[t], base = w_off[t];
-            for (int64_t i = offs[k]; i < offs[k + 1]; ++i) {
+            int64_t i = offs[k] + row_pointers_vector(rp + offs[k], wf, ip + offs[k],
+                                                      offs[k + 1] - offs[k], base, D, wn);
+            for (; i < offs[k + 1]; ++i) {  // the rest, and a row outside the weights (raises)
               const int64_t start = base + static_cast<int64_t>(ip[i]) * D;
               check_row(start, D, wn, i, ip[i]);
               rp[i] = wf + start;
@@ -391,6 +457,7 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
           const int64_t t = k / B, b = k % B;
           const int64_t D = d_off[t + 1] - d_off[t];
           acc* o = op + b * total_D + d_off[t];
+          if (bags_cover) std::memset(static_cast<void*>(o), 0, sizeof(acc) * D);
           if (blocked) {
             const int64_t first = offs[k] - offs[k0];
             const float* sw = iwp ? reinterpret_cast<const float*>(iwp) + offs[k] : nullptr;
@@ -423,6 +490,34 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
   return dt == acc_t ? out : out.to(dt);
 }
 
+// dst[0, bytes) = src[0, bytes) for one looked-up row, inlined with full-register copies on the
+// vector path isa() allows (the tail by memcpy): a sequence lookup copies rows of 1 KiB (D=256
+// fp32), where a memcpy call per row with its size dispatch cost ~3% of the quick-shape nobag
+// forward (1.035-1.04x fbgemm's time with it, 2-core Intel Xeon, benchmarks/ops.py).
+__attribute__((target("avx512f"))) inline void copy_row_avx512(char* d, const char* s,
+                                                               int64_t bytes) {
+  int64_t b = 0;
+  for (; b + 64 <= bytes; b += 64) _mm512_storeu_si512(d + b, _mm512_loadu_si512(s + b));
+  if (b < bytes) std::memcpy(d + b, s + b, bytes - b);
+}
+
+__attribute__((target("avx2"))) inline void copy_row_avx2(char* d, const char* s, int64_t bytes) {
+  int64_t b = 0;
+  for (; b + 32 <= bytes; b += 32) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + b),
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + b)));
+  }
+  if (b < bytes) std::memcpy(d + b, s + b, bytes - b);
+}
+
+inline void copy_row(void* d, const void* s, int64_t bytes, Isa path) {
+  switch (path) {
+    case Isa::kAvx512: copy_row_avx512(static_cast<char*>(d), static_cast<const char*>(s), bytes); return;
+    case Isa::kAvx2: copy_row_avx2(static_cast<char*>(d), static_cast<const char*>(s), bytes); return;
+    default: std::memcpy(d, s, bytes);
+  }
+}
+
 at::Tensor nobag(const at::Tensor& weights_in, const at::Tensor& weights_offsets, int64_t D,
                  const at::Tensor& indices_in, const at::Tensor& offsets_in, int64_t output_dtype) {
   auto w = weights_in.contiguous();
@@ -449,8 +544,11 @@ at::Tensor nobag(const at::Tensor& weights_in, const at::Tensor& weights_offsets
         // rows of indices in no bag are zero
         for (int64_t i = std::max<int64_t>(end, 0); i < N; ++i) std::fill(op + i * D, op + (i + 1) * D, out_t(0));
         for (int64_t i = 0; i < std::min(offs[0], N); ++i) std::fill(op + i * D, op + (i + 1) * D, out_t(0));
+        const Isa path = isa();
+        const bool in_llc = fits_llc(wn * static_cast<int64_t>(sizeof(w_t)));
         parallel_over(T * B, (end - offs[0]) * D, [&](int64_t k0, int64_t k1) {
           RowPrefetcher<w_t, index_t> ahead{offs, w_off, nullptr, D, B, offs[k1], wn, wp, ip, k0};
+          if (in_llc) ahead.max_dim = kLlcPrefixBytes / static_cast<int64_t>(sizeof(w_t));
           for (int64_t k = k0; k < k1; ++k) {
             const int64_t t = k / B;
             for (int64_t i = offs[k]; i < offs[k + 1]; ++i) {
@@ -460,7 +558,7 @@ at::Tensor nobag(const at::Tensor& weights_in, const at::Tensor& weights_offsets
               const auto* row = wp + start;
               out_t* o = op + i * D;
               if constexpr (std::is_same_v<out_t, w_t>) {
-                std::memcpy(o, row, sizeof(out_t) * D);
+                copy_row(o, row, static_cast<int64_t>(sizeof(out_t)) * D, path);
               } else {
                 for (int64_t d = 0; d < D; ++d) o[d] = static_cast<out_t>(row[d]);
               }

@@ -833,6 +833,34 @@ def test_pooled_forward_vector_paths_match_scalar_path(cap, llc, pm, weighted, i
                                check_dtype=False)
 
 
+@pytest.mark.parametrize("cap", [2, 1, 0], ids=["avx512", "avx2", "scalar"])
+@pytest.mark.parametrize("idx_dtype", [torch.int32, torch.int64])
+def test_pooled_forward_names_an_index_outside_the_weights(cap, idx_dtype, isa_cap):
+    """An index whose row lies outside the weights (the last table's row count, -1, or a huge
+    one) raises a ValueError naming its position and value wherever it lies: the AVX-512
+    row-pointer pass takes eight indices per step, so positions 0, 5, 8, 13 and the tail 18 of a
+    19-index bag of the last table are each tried."""
+    name = "split_embedding_codegen_forward_unweighted_pt2_wrapper"
+    torch.manual_seed(5)
+    rows = (9, 11, 7)
+    x = _tbe(dims=(16, 16, 16), rows=rows, B=2, idx_dtype=idx_dtype)
+    L = torch.tensor([2, 1, 3, 0, 19, 1])  # bag 4 (table 2, sample 0) holds 19 indices
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), L.cumsum(0)]).to(idx_dtype)
+    idx = torch.cat([torch.randint(0, rows[t], (int(L[2 * t:2 * t + 2].sum()),)) for t in range(3)])
+    x.update(offsets=offsets, indices=idx.to(idx_dtype))
+    isa_cap(cap)
+    with _forced("cpu_kernel", name):
+        torch.testing.assert_close(getattr(ta, name)(*_fwd_args(x, R.SUM, False)).double(),
+                                   _loop_pooled(x, R.SUM, False), rtol=1e-5, atol=1e-5)
+        for at in (0, 5, 8, 13, 18):
+            for bad in (rows[2], -1, 2**31 - 1):
+                x["indices"] = idx.clone().to(idx_dtype)
+                pos = 6 + at  # bag 4 starts after bags of 2, 1, 3 and 0 indices
+                x["indices"][pos] = bad
+                with pytest.raises(ValueError, match=rf"indices\[{pos}\]={bad} addresses a row outside"):
+                    getattr(ta, name)(*_fwd_args(x, R.SUM, False))
+
+
 @_ISA_CAPS
 @pytest.mark.parametrize("variant", _VARIANTS[:3], ids=["sum", "mean", "weighted_sum"])
 @pytest.mark.parametrize("mode", [0, 2], ids=["no_decay", "decoupled_decay"])
