@@ -41,7 +41,7 @@ $(STAMP_EDIT): $(STAMP_DEPS) setup.py
 # build/, so a change to one .cpp recompiles that file only.  flock: one build at a time.
 $(STAMP_BUILD): $(STAMP_EDIT) $(CSRC) setup.py
 	flock .build.lock $(PY) setup.py -q build_ext --inplace
-	$(PY) -c "import torchrec_ascend.ops.cpu as c; assert c.available(), 'csrc extension did not load'"
+	$(PY) -c "import torchrec_ascend.ops.extension as c; assert c.available(), 'csrc extension did not load'"
 	touch $@
 
 setup: $(STAMP_BUILD)
