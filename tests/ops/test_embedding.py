@@ -863,19 +863,21 @@ def test_pooled_forward_names_an_index_outside_the_weights(cap, idx_dtype, isa_c
 
 @_ISA_CAPS
 @pytest.mark.parametrize("variant", _VARIANTS[:3], ids=["sum", "mean", "weighted_sum"])
-@pytest.mark.parametrize("mode", [0, 2], ids=["no_decay", "decoupled_decay"])
-def test_rowwise_adagrad_vector_paths_match_scalar_path(cap, variant, mode, isa_cap):
-    """The RowWiseAdagrad backward's fused AVX-512 row kernel (D a multiple of 16 up to 256: the
-    gradient summed, squared and applied in registers) and the AVX2 sum + update, against the
-    scalar path, over three steps: dims 256 / 48 / 20 (20 is never fused), bag lengths 0, 1 and
-    max, duplicate rows (rows hit by many bags), with and without decoupled weight decay."""
+@pytest.mark.parametrize("opt,mode", [("sgd", 0), ("rowwise_adagrad", 0), ("rowwise_adagrad", 2)],
+                         ids=["sgd", "rowwise_adagrad", "rowwise_adagrad_decoupled_decay"])
+def test_fused_row_kernels_match_scalar_path(cap, variant, opt, mode, isa_cap):
+    """The SGD and RowWiseAdagrad backwards' fused AVX-512 row kernels (D a multiple of 16 up to
+    256: the gradient summed and applied in registers, squared too for RowWiseAdagrad) and the
+    AVX2 sum + update, against the scalar path, over three steps: dims 256 / 48 / 20 (20 is never
+    fused), bag lengths 0, 1 and max, duplicate rows (rows hit by many bags), RowWiseAdagrad with
+    and without decoupled weight decay."""
     torch.manual_seed(29)
     weighted = variant[0] == "weighted"
-    name = E.backward_op_name("rowwise_adagrad", weighted, False)
+    name = E.backward_op_name(opt, weighted, False)
     x = _tbe(dims=(256, 48, 20), rows=(30, 12, 9), B=8, max_L=40, weighted=weighted)
-    hyper = [0.01, 0.1 if mode else 0.0, mode, 0.0]
+    hyper = [] if opt == "sgd" else [0.01, 0.1 if mode else 0.0, mode, 0.0]
     lr = torch.tensor(0.05)
-    st0 = _state_tensors("rowwise_adagrad", x)
+    st0 = _state_tensors(opt, x)
     results = []
     for c in (0, cap):
         w = x["weights"].clone()
@@ -885,7 +887,7 @@ def test_rowwise_adagrad_vector_paths_match_scalar_path(cap, variant, mode, isa_
             for step in range(3):
                 torch.manual_seed(100 + step)
                 grad = torch.randn(x["B"], sum(x["dims"]))
-                getattr(ta, name)(*_bwd_args(x, "rowwise_adagrad", variant, grad, w, st, lr, hyper))
+                getattr(ta, name)(*_bwd_args(x, opt, variant, grad, w, st, lr, hyper))
         results.append((w, [s for s, _ in st]))
     (w_s, st_s), (w_v, st_v) = results
     assert not torch.equal(w_s, x["weights"])
