@@ -140,20 +140,24 @@ void check_offsets(const std::vector<int64_t>& offs, int64_t n_bags, int64_t N) 
 //    forward at 12.8 ms for 130 MB of rows: the L1's few miss buffers were the limit; with the L2
 //    stage it took 6.7-7.4 ms (AVX-512 AMD EPYC, D=256, 4 x 50k-row tables; the AVX2 loop on the
 //    same CPU: 11.7 -> 7.0-7.9 ms, standalone loop timings).
-//  * kLlc: rows of weights small enough to stay in the last-level cache (fits_llc, csrc/isa.h): only
-//    the L1 stage.  There the L2 stage's sixteen extra prefetches per row cost more than they
-//    hide: quick-shape forward (4 x 10k rows, 41 MB) 0.93 ms with it, 0.78-0.83 without (fbgemm
-//    0.75-0.79), while the full shape (205 MB) still gains from it (8.1 ms vs 8.4).  The AVX-512
-//    sum asks for the first kLlcLines of a 16-line block kLlcAhead rows on and leaves the rest of
-//    the row to the L2's stream prefetcher (the row is one ascending run): fewer software
-//    prefetches hold fewer of the L1's miss buffers.  Quick-shape forward against fbgemm (thread
-//    CPU time, alternating): all 16 lines 8 ahead 1.005x, 8 lines 12 ahead 0.97x, 12 lines 10
-//    ahead 0.96x, none 1.03x.  2-core Intel Xeon, AVX-512, 480 MB L3.
+//  * kLlc: rows of weights small enough to stay in the last-level cache (at most half of it:
+//    fits_llc with kWeightsLlcShare, csrc/isa.h): only the L1 stage.  There the L2 stage's
+//    sixteen extra prefetches per row cost more than they hide (quick-shape forward, 4 x 10k
+//    rows, 41 MB: 0.93 ms with it, 0.78-0.83 without, fbgemm 0.75-0.79).  The AVX-512 sum asks
+//    for the first kLlcLines of a 16-line block kLlcAhead rows on and leaves the rest of the row
+//    to the L2's stream prefetcher (the row is one ascending run): fewer software prefetches
+//    hold fewer of the L1's miss buffers.  Quick-shape forward against fbgemm (thread CPU time,
+//    alternating): all 16 lines 8 ahead 1.005x, 8 lines 12 ahead 0.97x, 12 lines 10 ahead
+//    0.96x, none 1.03x.  2-core Intel Xeon, AVX-512, 480 MB L3 reported.
 //  * kCache: slices of the output gradient, which sits in L2 (the backward's per-row sums): only
 //    the L1 stage, kCacheAhead positions on.
 enum class Source { kMemory, kLlc, kCache };
 constexpr int64_t kFarAhead = 32, kNearAhead = 8, kCacheAhead = 16;
 constexpr int64_t kLlcAhead = 10, kLlcLines = 12;
+// Weights up to half the LLC count as resident: the full-shape forward (4 x 50k rows, 205 MB;
+// the Xeon reports 480 MB) took 0.93-0.95x fbgemm's time on the kLlc path against 0.98-1.00x on
+// kMemory (6 alternating runs, thread CPU time).
+constexpr int64_t kWeightsLlcShare = 2;
 constexpr int64_t kLlcPrefixBytes = 512;  // RowPrefetcher's share of an LLC-resident row
 
 // p, hidden from the optimiser: without it GCC folds a block's column offset d0 into sixteen
@@ -432,7 +436,7 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
       const index_t* ip = indices.data_ptr<index_t>();
       const int64_t work = (offs[T * B] - offs[0]) * std::max<int64_t>(total_D / T, 1);
       const bool blocked = std::is_same_v<scalar_t, float> && have_avx2();
-      const bool in_llc = fits_llc(wn * static_cast<int64_t>(sizeof(scalar_t)));
+      const bool in_llc = fits_llc(wn * static_cast<int64_t>(sizeof(scalar_t)), kWeightsLlcShare);
       parallel_over(T * B, work, [&](int64_t k0, int64_t k1) {
         RowPrefetcher<scalar_t, index_t> ahead{offs, w_off, dims.data(), 0, B, offs[k1], wn, wp, ip, k0};
         // fp32 on AVX2: the chunk's row pointers first (checked), then the blocked sum per bag
@@ -545,7 +549,7 @@ at::Tensor nobag(const at::Tensor& weights_in, const at::Tensor& weights_offsets
         for (int64_t i = std::max<int64_t>(end, 0); i < N; ++i) std::fill(op + i * D, op + (i + 1) * D, out_t(0));
         for (int64_t i = 0; i < std::min(offs[0], N); ++i) std::fill(op + i * D, op + (i + 1) * D, out_t(0));
         const Isa path = isa();
-        const bool in_llc = fits_llc(wn * static_cast<int64_t>(sizeof(w_t)));
+        const bool in_llc = fits_llc(wn * static_cast<int64_t>(sizeof(w_t)), kWeightsLlcShare);
         parallel_over(T * B, (end - offs[0]) * D, [&](int64_t k0, int64_t k1) {
           RowPrefetcher<w_t, index_t> ahead{offs, w_off, nullptr, D, B, offs[k1], wn, wp, ip, k0};
           if (in_llc) ahead.max_dim = kLlcPrefixBytes / static_cast<int64_t>(sizeof(w_t));

@@ -74,9 +74,10 @@ inline int64_t llc_bytes() {
 // machine; -1: the reported size again); returns the previous override.
 inline int64_t set_llc_bytes(int64_t bytes) { return llc_override.exchange(bytes); }
 
-// Data of `bytes` counts as LLC-resident when it takes at most a quarter of the last-level cache
-// (other data and other tenants share it); no report: never.
-inline bool fits_llc(int64_t bytes) { return bytes <= llc_bytes() / 4; }
+// Data of `bytes` counts as LLC-resident when it takes at most 1/share of the last-level cache
+// (other data and other tenants share it); no report: never.  Outputs, written once, use a
+// quarter (stream_output); TBE weights, read again by every lookup, half.
+inline bool fits_llc(int64_t bytes, int64_t share = 4) { return bytes <= llc_bytes() / share; }
 
 // An output of `bytes` is written with non-temporal stores (stream_copy / stream_zero) when it is
 // at least 8 MiB and does not fit the LLC (fits_llc): then a regular store first reads the line it
