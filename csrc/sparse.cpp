@@ -458,27 +458,27 @@ static __attribute__((noinline)) TRASC_TARGET_PRFCHW int64_t scatter_positions(c
   const uint64_t un = static_cast<uint64_t>(n);
   int64_t i = 0;
   constexpr int64_t kPf = 32;
-  for (; i + 4 + kPf <= n; i += 4) {  // the same step, with the prefetch of the entries kPf on
+  // d[s[i + k]] = i + k for k < 4, unless one of the four is outside [0, n): then false, and
+  // nothing is written (the tail loop below finds which)
+  auto step = [&](int64_t i) __attribute__((always_inline)) {
+    const uint64_t a0 = static_cast<uindex_t>(s[i]), a1 = static_cast<uindex_t>(s[i + 1]);
+    const uint64_t a2 = static_cast<uindex_t>(s[i + 2]), a3 = static_cast<uindex_t>(s[i + 3]);
+    if (__builtin_expect((a0 >= un) | (a1 >= un) | (a2 >= un) | (a3 >= un), 0)) return false;
+    d[a0] = static_cast<index_t>(i);
+    d[a1] = static_cast<index_t>(i + 1);
+    d[a2] = static_cast<index_t>(i + 2);
+    d[a3] = static_cast<index_t>(i + 3);
+    return true;
+  };
+  for (; i + 4 + kPf <= n; i += 4) {  // with the prefetch of the entries kPf on
     for (int k = 0; k < 4; ++k) {
       const uint64_t f = static_cast<uindex_t>(s[i + kPf + k]);
       __builtin_prefetch(d + (f < un ? f : 0), 1, 3);
     }
-    const uint64_t a0 = static_cast<uindex_t>(s[i]), a1 = static_cast<uindex_t>(s[i + 1]);
-    const uint64_t a2 = static_cast<uindex_t>(s[i + 2]), a3 = static_cast<uindex_t>(s[i + 3]);
-    if (__builtin_expect((a0 >= un) | (a1 >= un) | (a2 >= un) | (a3 >= un), 0)) break;
-    d[a0] = static_cast<index_t>(i);
-    d[a1] = static_cast<index_t>(i + 1);
-    d[a2] = static_cast<index_t>(i + 2);
-    d[a3] = static_cast<index_t>(i + 3);
+    if (!step(i)) break;
   }
   for (; i + 4 <= n; i += 4) {
-    const uint64_t a0 = static_cast<uindex_t>(s[i]), a1 = static_cast<uindex_t>(s[i + 1]);
-    const uint64_t a2 = static_cast<uindex_t>(s[i + 2]), a3 = static_cast<uindex_t>(s[i + 3]);
-    if (__builtin_expect((a0 >= un) | (a1 >= un) | (a2 >= un) | (a3 >= un), 0)) break;
-    d[a0] = static_cast<index_t>(i);
-    d[a1] = static_cast<index_t>(i + 1);
-    d[a2] = static_cast<index_t>(i + 2);
-    d[a3] = static_cast<index_t>(i + 3);
+    if (!step(i)) break;
   }
   for (; i < n; ++i) {  // the tail, and the step holding the first bad entry
     const uint64_t a = static_cast<uindex_t>(s[i]);
