@@ -436,7 +436,9 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
       const index_t* ip = indices.data_ptr<index_t>();
       const int64_t work = (offs[T * B] - offs[0]) * std::max<int64_t>(total_D / T, 1);
       const bool blocked = std::is_same_v<scalar_t, float> && have_avx2();
-      const bool in_llc = fits_llc(wn * static_cast<int64_t>(sizeof(scalar_t)), kWeightsLlcShare);
+      // the blocked sum for where the weights' rows come from (see Source)
+      const auto pool = fits_llc(wn * static_cast<int64_t>(sizeof(scalar_t)), kWeightsLlcShare)
+                            ? &pool_f32<Source::kLlc> : &pool_f32<Source::kMemory>;
       parallel_over(T * B, work, [&](int64_t k0, int64_t k1) {
         RowPrefetcher<scalar_t, index_t> ahead{offs, w_off, dims.data(), 0, B, offs[k1], wn, wp, ip, k0};
         // fp32 on AVX2: the chunk's row pointers first (checked), then the blocked sum per bag
@@ -466,13 +468,8 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
             const int64_t first = offs[k] - offs[k0];
             const float* sw = iwp ? reinterpret_cast<const float*>(iwp) + offs[k] : nullptr;
             const int64_t ahead_n = static_cast<int64_t>(rows.size()) - first;
-            if (in_llc) {
-              pool_f32<Source::kLlc>(reinterpret_cast<float*>(o), rows.data() + first, sw,
-                                     offs[k + 1] - offs[k], ahead_n, D);
-            } else {
-              pool_f32<Source::kMemory>(reinterpret_cast<float*>(o), rows.data() + first, sw,
-                                        offs[k + 1] - offs[k], ahead_n, D);
-            }
+            pool(reinterpret_cast<float*>(o), rows.data() + first, sw, offs[k + 1] - offs[k],
+                 ahead_n, D);
           } else {
             for (int64_t i = offs[k]; i < offs[k + 1]; ++i) {
               const int64_t start = w_off[t] + static_cast<int64_t>(ip[i]) * D;
