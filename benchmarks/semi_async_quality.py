@@ -164,12 +164,14 @@ def run_all(jobs: List[tuple], args: argparse.Namespace) -> List[dict]:
     return done
 
 
-def paired(values: Dict[str, Dict[int, float]], mode: str) -> Optional[Dict[str, object]]:
-    """Mean, sd and 95% t-interval of ``values[mode][s] / values['sync'][s] - 1`` over seeds."""
-    seeds = sorted(set(values.get(mode, {})) & set(values.get("sync", {})))
+def paired(values: Dict[str, Dict[int, float]], mode: str,
+           baseline: str = "sync") -> Optional[Dict[str, object]]:
+    """Mean, sd and 95% t-interval of ``values[mode][s] / values[baseline][s] - 1`` over
+    seeds."""
+    seeds = sorted(set(values.get(mode, {})) & set(values.get(baseline, {})))
     if not seeds:
         return None
-    d = [values[mode][s] / values["sync"][s] - 1 for s in seeds]
+    d = [values[mode][s] / values[baseline][s] - 1 for s in seeds]
     mean = statistics.mean(d)
     out: Dict[str, object] = {"mean": mean, "per_seed": dict(zip(map(str, seeds), d)),
                               "seeds": len(seeds)}
@@ -180,8 +182,9 @@ def paired(values: Dict[str, Dict[int, float]], mode: str) -> Optional[Dict[str,
     return out
 
 
-def summarize(runs: List[dict], steps: int) -> Dict[str, object]:
-    """Per-mode paired relative differences of final / plateau NDCG@10 and final NDCG@200."""
+def summarize(runs: List[dict], steps: int, baseline: str = "sync") -> Dict[str, object]:
+    """Per-mode paired relative differences (against mode ``baseline``) of final / plateau
+    NDCG@10 and final NDCG@200."""
     plateau_from = PLATEAU * steps
     final10: Dict[str, Dict[int, float]] = {}
     final200: Dict[str, Dict[int, float]] = {}
@@ -196,10 +199,11 @@ def summarize(runs: List[dict], steps: int) -> Dict[str, object]:
                                          "final_ndcg@200": final200}}
     for name, table in (("final_ndcg@10", final10), ("plateau_ndcg@10", plateau10),
                         ("final_ndcg@200", final200)):
-        out[name] = {m: paired(table, m) for m in table if m != "sync"}
-        sync = list(table.get("sync", {}).values())
-        if len(sync) > 1:
-            out[name]["sync_seed_relative_std"] = statistics.stdev(sync) / statistics.mean(sync)
+        out[name] = {m: paired(table, m, baseline) for m in table if m != baseline}
+        base = list(table.get(baseline, {}).values())
+        if len(base) > 1:
+            out[name][f"{baseline}_seed_relative_std"] = (statistics.stdev(base)
+                                                          / statistics.mean(base))
     return out
 
 

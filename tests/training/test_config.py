@@ -40,7 +40,7 @@ def test_defaults_are_valid_and_dims_pad_to_4():
     ("train", {"batch_size": True}, "train.batch_size: True is not an integer"),
     ("train", {"steps": 5, "epochs": 2}, "train.steps: 5 given together with train.epochs=2.0"),
     ("train", {"lr": 0}, "train.lr: 0.0 is not > 0"),
-    ("train", {"planner": "magic"}, "train.planner: 'magic' is not one of ['torchrec', 'hierarchical']"),
+    ("train", {"planner": "magic"}, "train.planner: 'magic' is not one of ['torchrec', 'hierarchical', 'hierarchical_2d']"),
     ("train", {"negatives": "pool"}, "train.negatives: 'pool' is not one of ['shared', 'per_position']"),
     ("train", {"balance": "x"}, "train.balance: 'x' is not one of ['none', 'collator', 'all_to_all']"),
     ("train", {"balance_ahead": True}, "train.balance_ahead: needs train.balance='all_to_all' (got 'none')"),

@@ -59,10 +59,19 @@ def item_kjt(items: torch.Tensor, lengths: torch.Tensor,
 
 
 def _local_pieces(value: object):
-    """(row offset, column offset, tensor) of each local piece of a (sharded) weight."""
+    """(row offset, column offset, tensor) of each local piece of a (sharded) weight: a
+    ShardedTensor's local shards, a DTensor's (2-D parallelism: TorchRec's LocalShardsWrapper,
+    whose offsets are global), or a plain tensor whole."""
     if hasattr(value, "local_shards"):
         return [(int(sh.metadata.shard_offsets[0]), int(sh.metadata.shard_offsets[1]), sh.tensor)
                 for sh in value.local_shards()]  # type: ignore[attr-defined]
+    if hasattr(value, "to_local"):
+        local = value.to_local()  # type: ignore[attr-defined]
+        if not hasattr(local, "local_offsets"):
+            raise ValueError(f"model: a DTensor table whose local tensor is a "
+                             f"{type(local).__name__}, not TorchRec's LocalShardsWrapper")
+        return [(int(o[0]), int(o[1]), t) for o, t in zip(local.local_offsets(),
+                                                          local.local_shards()) if t.numel()]
     return [(0, 0, value)]
 
 

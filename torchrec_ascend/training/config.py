@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 DATA_SOURCES = ("table", "kuairand", "synthetic")
-PLANNERS = ("torchrec", "hierarchical")
+PLANNERS = ("torchrec", "hierarchical", "hierarchical_2d")
 BALANCE_MODES = ("none", "collator", "all_to_all")
 SHARDINGS = ("row_wise", "table_wise")
 SAMPLERS = ("uniform", "popularity", "in_batch", "mixed")
@@ -94,7 +94,10 @@ class TrainConfig:
     log_every / eval_every / checkpoint_every: in steps (0: never; evaluation and a checkpoint
     always happen at the end).  early_stopping_patience: stop after this many validation
     evaluations without improvement of ``eval.metric`` (0: never).  planner: ``torchrec``
-    (TorchRec's EmbeddingShardingPlanner) or ``hierarchical``; sharding: the table's sharding
+    (TorchRec's EmbeddingShardingPlanner), ``hierarchical`` or ``hierarchical_2d`` (2-D
+    parallelism: the table sharded inside each host and replicated across hosts, TorchRec's
+    ``DMPCollection``; docs/planner.md); sync_every: with ``hierarchical_2d``, the steps between
+    two averagings of the hosts' replicas (1: every step); sharding: the table's sharding
     type; pipeline: ``sync`` | ``sparse_dist`` | ``semi_async``
     (:func:`torchrec_ascend.distributed.make_train_pipeline`) and staleness: the bound ``k`` of
     :class:`torchrec_ascend.distributed.DistributedModelParallel` (``sync`` / ``sparse_dist``:
@@ -130,6 +133,7 @@ class TrainConfig:
     early_stopping_patience: int = 0
     sharding: str = "row_wise"
     planner: str = "torchrec"
+    sync_every: int = 1
     pipeline: str = "sparse_dist"
     staleness: int = 0
     sync_warmup_steps: int = 0
@@ -337,6 +341,11 @@ def _validate(cfg: ExperimentConfig) -> None:
     _positive_int("train.peak_gemm_size", t.peak_gemm_size, 16)
     _one_of("train.sharding", t.sharding, SHARDINGS)
     _one_of("train.planner", t.planner, PLANNERS)
+    _positive_int("train.sync_every", t.sync_every, 1)
+    if t.sync_every != 1 and t.planner != "hierarchical_2d":
+        raise ConfigError("train.sync_every", f"{t.sync_every} needs train.planner="
+                                              f"'hierarchical_2d' (planner {t.planner!r} keeps "
+                                              "no replicas to sync)")
     from .pipelines import KINDS
 
     _one_of("train.pipeline", t.pipeline, KINDS)
@@ -344,6 +353,10 @@ def _validate(cfg: ExperimentConfig) -> None:
     if t.staleness and t.pipeline != "semi_async":
         raise ConfigError("train.staleness", f"{t.staleness} needs train.pipeline='semi_async' "
                                              f"(pipeline {t.pipeline!r} is synchronous: 0 only)")
+    if t.planner == "hierarchical_2d" and t.pipeline == "semi_async":
+        raise ConfigError("train.pipeline", "'semi_async' does not run with train.planner="
+                                            "'hierarchical_2d' (2-D parallelism runs TorchRec's "
+                                            "DMPCollection: use 'sync' or 'sparse_dist')")
     _positive_int("train.sync_warmup_steps", t.sync_warmup_steps, 0)
     if t.sync_warmup_steps and not t.staleness:
         raise ConfigError("train.sync_warmup_steps",

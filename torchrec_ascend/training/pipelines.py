@@ -4,7 +4,8 @@ There is one pipeline table: :data:`torchrec_ascend.distributed.train_pipeline.K
 :func:`torchrec_ascend.distributed.make_train_pipeline`.  This module only adapts it to the
 trainer:
 
-* :func:`wrap_model`: torchrec_ascend's ``DistributedModelParallel(staleness=k)``.  The trainer
+* :func:`wrap_model`: torchrec_ascend's ``DistributedModelParallel(staleness=k)`` (or, with
+  ``train.planner = "hierarchical_2d"``, TorchRec's ``DMPCollection`` of the 2-D plan).  The trainer
   scales each rank's loss by 1 / (queries of the global batch), so dense gradients are
   **summed** over ranks: DDP with :class:`~.distributed.SumDataParallelWrapper` at ``k = 0``
   (TorchRec's synchronous semantics exactly), ``DeferredGradWrapper(average=False)`` at
@@ -28,13 +29,23 @@ __all__ = ["KINDS", "wrap_model", "make_pipeline", "step_row", "draw_pipeline_pn
 
 
 def wrap_model(module: torch.nn.Module, device: torch.device, plan: Any, sharders: List[Any],
-               staleness: int) -> torch.nn.Module:
+               staleness: int, planner: Any = None) -> torch.nn.Module:
     """``module`` sharded by ``plan`` under torchrec_ascend's DistributedModelParallel with the
-    staleness bound ``staleness``; dense gradients summed over ranks (module docstring)."""
+    staleness bound ``staleness``; dense gradients summed over ranks (module docstring).  When
+    ``planner`` is a :class:`~torchrec_ascend.distributed.planner.TwoDimShardingPlanner` (and
+    ``staleness`` 0), its 2-D model instead: ``plan`` inside each host, replicas across hosts
+    (:func:`~torchrec_ascend.distributed.planner.two_dim_model`, TorchRec's ``DMPCollection``),
+    dense gradients summed over the whole world."""
     from ..distributed import DistributedModelParallel
+    from ..distributed.planner import TwoDimShardingPlanner, two_dim_model
     from ..distributed.semi_async_grads import DeferredGradWrapper
     from .distributed import SumDataParallelWrapper
 
+    if isinstance(planner, TwoDimShardingPlanner):
+        if staleness:
+            raise ValueError(f"staleness={staleness}: 2-D parallelism runs synchronously (0)")
+        return two_dim_model(module, planner, device, sharders, plan=plan,
+                             data_parallel_wrapper=SumDataParallelWrapper())
     wrapper = SumDataParallelWrapper() if staleness == 0 else DeferredGradWrapper(average=False)
     return DistributedModelParallel(module, device=device, plan=plan, sharders=sharders,
                                     data_parallel_wrapper=wrapper, staleness=staleness)
@@ -50,9 +61,14 @@ def make_pipeline(kind: str, model: torch.nn.Module, optimizer: Any, device: tor
     ``sync_warmup_steps``: ``semi_async``'s synchronous first steps)."""
     if kind not in KINDS:
         raise ValueError(f"train.pipeline: {kind!r} is not one of {list(KINDS)}")
+    extra: Dict[str, Any] = {}
+    if kind == "sparse_dist" and hasattr(model, "step_done"):
+        # a 2-D model syncs its replicas in its own step_done (every train.sync_every steps);
+        # TorchRec's TrainPipelineSparseDist would also sync a DMPCollection after every batch
+        extra["dmp_collection_sync_interval_batches"] = None
     return make_train_pipeline(kind, model, optimizer, device, staleness=staleness,
                                step_timeout_s=step_timeout_s, track_versions=track_versions,
-                               sync_warmup_steps=sync_warmup_steps)
+                               sync_warmup_steps=sync_warmup_steps, **extra)
 
 
 def step_row(record: Dict[str, Any]) -> Dict[str, float]:

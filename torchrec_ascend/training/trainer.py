@@ -28,6 +28,7 @@ What runs where (docs/training.md):
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -91,13 +92,16 @@ def make_planner(cfg: ExperimentConfig, env: DistEnv, dense_bytes: int):
     from torchrec.distributed.planner.types import ParameterConstraints
 
     from ..distributed.planner import (DeviceMemoryReservation, HierarchicalShardingPlanner,
-                                       HierarchicalTopology)
+                                       HierarchicalTopology, TwoDimShardingPlanner)
 
     topo = HierarchicalTopology.from_env(
         compute_device=env.device.type,
         environ={"WORLD_SIZE": str(env.world_size), "LOCAL_WORLD_SIZE": str(env.local_world_size)})
     reserve = DeviceMemoryReservation(min(0.9, 0.15 + dense_bytes / topo.memory_bytes))
     constraints = {TABLE: ParameterConstraints(sharding_types=[cfg.train.sharding])}
+    if cfg.train.planner == "hierarchical_2d":
+        return TwoDimShardingPlanner(topology=topo, constraints=constraints,
+                                     storage_reservation=reserve, sync_every=cfg.train.sync_every)
     if cfg.train.planner == "hierarchical":
         return HierarchicalShardingPlanner(topology=topo, constraints=constraints,
                                            storage_reservation=reserve)
@@ -158,7 +162,7 @@ class Trainer:
         sharders = [EmbeddingCollectionSharder()]
         planner = make_planner(self.cfg, env, dense_bytes=16 * n_dense)  # param, grad, 2 AdamW
         self.plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
-        self.dmp = wrap_model(model, env.device, self.plan, sharders, t.staleness)
+        self.dmp = wrap_model(model, env.device, self.plan, sharders, t.staleness, planner)
         init_item_table(self.dmp, self.split.num_items, self.cfg.model.table_dim, t.seed)
         dense = [p for _, p in in_backward_optimizer_filter(self.dmp.named_parameters())]
         self.optimizer = DenseOptimizer(dense, t.lr, t.weight_decay, t.clip_grad_norm or None)
@@ -203,7 +207,16 @@ class Trainer:
                 marks.update(range(every, self.total, every))
         return sorted(m for m in marks if m > start)
 
+    def _sync_replicas(self) -> None:
+        """2-D parallelism: average the hosts' replicas now if a step was trained since the
+        last sync (before a checkpoint, which holds one copy, and before the final
+        evaluation); nothing otherwise (collective)."""
+        sync = getattr(self.dmp, "sync_replicas", None)
+        if sync is not None:
+            sync()
+
     def _save(self, step: int, state: Dict[str, Any]) -> None:
+        self._sync_replicas()
         ckpt.save(self.root, step, self.dmp, self.optimizer, state,
                   keep=self.cfg.train.keep_checkpoints)
 
@@ -219,7 +232,9 @@ class Trainer:
         if detach is not None:
             detach()
         users = eval_users(self.split.num_users, self.env.rank, self.env.world_size, limit)
-        return self.evaluator.evaluate(self.model, which, users, self.env.device)
+        averaged = getattr(self.dmp, "averaged_weights", None)  # 2-D: of the hosts' average
+        with averaged() if averaged is not None else contextlib.nullcontext():
+            return self.evaluator.evaluate(self.model, which, users, self.env.device)
 
     # ------------------------------------------------------------------ the loop
     def train_segment(self, start: int, end: int,
@@ -229,6 +244,7 @@ class Trainer:
         ``on_step(step_number, rank_loss, stats, seconds)`` after each; returns ``end``."""
         seed = self.cfg.train.seed
         it = self.builder.stream(start, end)
+        step_done = getattr(self.dmp, "step_done", None)  # 2-D: syncs every train.sync_every
         step = start
         while True:
             torch.manual_seed(seed * 7919 + step)  # dropout: a function of the step
@@ -237,6 +253,8 @@ class Trainer:
                 loss, stats = self.pipeline.progress(it)
             except StopIteration:
                 break
+            if step_done is not None:
+                step_done()
             lv = float(loss.detach().cpu())
             step += 1
             if on_step is not None:
@@ -255,6 +273,8 @@ class Trainer:
             if last is not None:
                 st = ckpt.load(last, self.dmp, self.optimizer)
                 start, history = int(st["step"]), st["history"]
+                if hasattr(self.dmp, "restart_count"):  # 2-D: checkpoints are of synced replicas
+                    self.dmp.restart_count(start)
                 stop_state = st["early_stopping"]
                 if t.sync_warmup_steps:  # the warm-up counts global steps
                     self.pipeline.sync_warmup_steps = max(0, t.sync_warmup_steps - start)
@@ -320,7 +340,10 @@ class Trainer:
             if best is None:
                 raise RuntimeError(f"eval.restore_best: no checkpoint under {self.best_root}")
             restored = int(ckpt.load(best, self.dmp, self.optimizer)["step"])
+            if hasattr(self.dmp, "restart_count"):
+                self.dmp.restart_count(restored)
             self.say(f"[{self.kind}] restored the best validation model (step {restored})")
+        self._sync_replicas()  # 2-D: the final evaluation is of the averaged replicas
         valid = self.evaluate("valid") if self.split.has_valid else None  # leave-one-out: none
         test = self.evaluate("test")
         for name, met in (("valid", valid), ("test", test)):
@@ -370,6 +393,7 @@ class Trainer:
         if stop_state["best"] is None or value > stop_state["best"]:
             stop_state.update(best=value, best_step=step, bad=0)
             if e.restore_best:
+                self._sync_replicas()  # 2-D: the checkpoint holds one copy (the average)
                 ckpt.save(self.best_root, step, self.dmp, self.optimizer,
                           {"history": history, "early_stopping": stop_state}, keep=1)
         else:

@@ -12,13 +12,18 @@ placements get no index, as TorchRec's own ``placement`` writes them); and ``syn
 ``ReduceOp.AVG`` all-reduce, which gloo does not have, is replaced on gloo (and on the simulated
 npu's gloo-based backend) by a sum and a division (:meth:`TwoDimModelParallel.average_replicas`,
 through ``DMPCollection``'s ``custom_all_reduce`` hook).  :meth:`TwoDimModelParallel.step_done`
-counts steps and syncs the replicas every ``sync_every``.
+counts steps and syncs the replicas every ``sync_every``; :meth:`~TwoDimModelParallel.sync_replicas`
+syncs now unless already in sync; :meth:`~TwoDimModelParallel.averaged_weights` evaluates the
+replicas' average and restores each host's own weights.  TorchRec's ``TrainPipelineSparseDist``
+syncs a ``DMPCollection`` after every batch unless built with
+``dmp_collection_sync_interval_batches=None``: pass that when ``step_done`` drives the syncs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -71,6 +76,7 @@ class TwoDimModelParallel(DMPCollection, _RealDevice):
         self._real_device = device
         self.sync_every = sync_every
         self.steps = 0
+        self.synced_at = 0  # the step count at the last sync (0: the replicas start equal)
         if kwargs.get("custom_all_reduce") is None and \
                 dist.get_backend(global_pg) in _NO_AVG_BACKENDS:
             kwargs["custom_all_reduce"] = self.average_replicas
@@ -119,8 +125,43 @@ class TwoDimModelParallel(DMPCollection, _RealDevice):
         self.steps += 1
         if self.steps % self.sync_every:
             return False
+        return self.sync_replicas()
+
+    @property
+    def in_sync(self) -> bool:
+        """No step since the last sync: every host holds the same replica."""
+        return self.synced_at == self.steps
+
+    def sync_replicas(self) -> bool:
+        """Sync now unless :attr:`in_sync` (collective on every rank; for a checkpoint or the
+        final evaluation, of the averaged model).  Returns whether it synced."""
+        if self.in_sync:
+            return False
         self.sync()
+        self.synced_at = self.steps
         return True
+
+    @contextlib.contextmanager
+    def averaged_weights(self) -> Iterator[None]:
+        """Inside: the replicas' average weights on every host (an evaluation of the averaged
+        model); on exit each host's own weights again, bit for bit, and the optimizer state was
+        never touched, so training goes on as if nothing happened (collective)."""
+        if self.in_sync:
+            yield
+            return
+        kept = [(w, w.detach().clone()) for ctx in self._ctxs
+                for ws in ctx.weights_by_dtype.values() for w in ws]
+        self.sync(include_optimizer_state=False)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for w, own in kept:
+                    w.copy_(own)
+
+    def restart_count(self, steps: int) -> None:
+        """Resume at ``steps`` finished steps from a checkpoint (always of synced replicas)."""
+        self.steps = self.synced_at = int(steps)
 
 
 def two_dim_model(module: nn.Module, planner: TwoDimShardingPlanner, device: torch.device,
