@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Sequence
 
 import torch
 
-__all__ = ["sample_config", "sample_split", "train_valid", "run_description", "rel"]
+__all__ = ["sample_config", "sample_absent", "sample_split", "train_valid", "run_description", "rel"]
 
 
 def sample_config(steps: int, overrides: Sequence[str] = ()):
@@ -23,6 +23,15 @@ def sample_config(steps: int, overrides: Sequence[str] = ()):
                                    "train.checkpoint_every=0", 'models=["hstu"]', *overrides])
 
 
+def sample_absent(steps: int) -> bool:
+    """True (and says so) when the shared sample's file is absent: the script skips."""
+    path = sample_config(steps).data.files[0]
+    if os.path.exists(path):
+        return False
+    print(f"skipped: {path} is absent")
+    return True
+
+
 def sample_split(steps: int):
     """``(env, split)`` for the sample (one thread, a size-1 process group), or ``None`` when
     the sample's file is absent."""
@@ -30,11 +39,9 @@ def sample_split(steps: int):
     from torchrec_ascend.training.experiment import prepare_split
 
     torch.set_num_threads(1)
-    base = sample_config(steps)
-    if not os.path.exists(base.data.files[0]):
-        print(f"skipped: {base.data.files[0]} is absent")
+    if sample_absent(steps):
         return None
-    return init_distributed("cpu"), prepare_split(base)
+    return init_distributed("cpu"), prepare_split(sample_config(steps))
 
 
 def train_valid(cfg, split, env, peak_flops: float = 1e9) -> Dict[str, Any]:

@@ -46,8 +46,8 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from benchmarks.common import print_table, write_json  # noqa: E402
-from benchmarks.sample_runs import (run_description, sample_config,  # noqa: E402
-                                    sample_split, train_valid)
+from benchmarks.sample_runs import (run_description, sample_absent,  # noqa: E402
+                                    sample_config, sample_split, train_valid)
 
 MODES = ("sync", "k1", "k2", "k1w", "k2w")
 DEFAULT_MODES = MODES
@@ -113,6 +113,25 @@ def stale_reads(seed: int, steps: int, ks: Sequence[int] = (1, 2)) -> Dict[str, 
     return out
 
 
+def kept_run(path: Optional[str], mode: str, seed: int) -> Optional[dict]:
+    """The result kept at ``path`` by an earlier invocation (``--runs-dir``), else None."""
+    if not path or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        print(f"{mode} seed {seed}: reused {path}", flush=True)
+        return dict(json.load(f), reused=path)
+
+
+def keep_run(path: Optional[str], r: dict, note: str = "") -> None:
+    """Keep result ``r`` at ``path`` (``--runs-dir``; nothing when None) and print it."""
+    if path:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(r, f)
+    print(f"{r['mode']} seed {r['seed']}: valid ndcg@10 {r['valid']['ndcg@10']:.4f} "
+          f"({r['seconds']:.0f} s)  {note}", flush=True)
+
+
 def run_all(jobs: List[tuple], args: argparse.Namespace) -> List[dict]:
     """Run every ``(mode, seed)`` as a child process, ``args.jobs`` at a time."""
     pending, running, done = [], [], []
@@ -125,11 +144,9 @@ def run_all(jobs: List[tuple], args: argparse.Namespace) -> List[dict]:
                                            f"eval{args.eval_every}_warmup{w}.json")
 
     for mode, seed in jobs:
-        path = cached(mode, seed)
-        if path and os.path.exists(path):
-            with open(path) as f:
-                done.append(dict(json.load(f), reused=path))
-            print(f"{mode} seed {seed}: reused {path}", flush=True)
+        kept = kept_run(cached(mode, seed), mode, seed)
+        if kept is not None:
+            done.append(kept)
         else:
             pending.append((mode, seed))
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -153,14 +170,7 @@ def run_all(jobs: List[tuple], args: argparse.Namespace) -> List[dict]:
                 raise RuntimeError(f"run {mode} seed {seed} failed ({proc.returncode}):\n"
                                    f"{err[-3000:]}")
             done.append(json.loads(lines[-1][len(RESULT):]))
-            r = done[-1]
-            path = cached(mode, seed)
-            if path:
-                os.makedirs(args.runs_dir, exist_ok=True)
-                with open(path, "w") as f:
-                    json.dump(r, f)
-            print(f"{mode} seed {seed}: valid ndcg@10 {r['valid']['ndcg@10']:.4f} "
-                  f"({r['seconds']:.0f} s)  {lines[-1]}", flush=True)
+            keep_run(cached(mode, seed), done[-1], lines[-1])
     return done
 
 
@@ -207,47 +217,13 @@ def summarize(runs: List[dict], steps: int, baseline: str = "sync") -> Dict[str,
     return out
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="100 steps, seed 0, sync and k1")
-    ap.add_argument("--steps", type=int, default=None, help="training steps (default 1200)")
-    ap.add_argument("--eval-every", type=int, default=None, help="default 100 (quick: 50)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2")
-    ap.add_argument("--modes", nargs="+", default=None, choices=MODES,
-                    help=f"default {' '.join(DEFAULT_MODES)}")
-    ap.add_argument("--warmup", type=int, default=200,
-                    help="train.sync_warmup_steps of k1w / k2w (default 200)")
-    ap.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
-    ap.add_argument("--runs-dir", default=None, help="keep / reuse each run's result here")
-    ap.add_argument("--name", default="semi_async_quality",
-                    help="result file benchmarks/results/NAME.json (default semi_async_quality)")
-    ap.add_argument("--child", nargs=2, metavar=("MODE", "SEED"), help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    args.steps = args.steps or (100 if args.quick else 1200)
-    args.eval_every = args.eval_every or (50 if args.quick else 100)
-    if args.child:
-        return child(args.child[0], int(args.child[1]), args.steps, args.eval_every,
-                     args.warmup)
-    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
-    modes = args.modes or (["sync", "k1"] if args.quick else list(DEFAULT_MODES))
-    if "sync" not in modes:
-        ap.error("--modes: needs sync (every difference is paired with it)")
-    if args.jobs < 1 or args.steps < 1 or args.eval_every < 1 or args.warmup < 0:
-        ap.error("--jobs, --steps, --eval-every must be >= 1 and --warmup >= 0")
-    base = sample_config(args.steps)
-    if not os.path.exists(base.data.files[0]):
-        print(f"skipped: {base.data.files[0]} is absent")
-        return 0
-    load = os.getloadavg()[0]
-    t0 = time.perf_counter()
-    collisions = stale_reads(seeds[0], min(args.steps, 200))
-    print(f"stale reads: {collisions}", flush=True)
-    runs = run_all([(m, s) for s in seeds for m in modes], args)
-    runs.sort(key=lambda r: (r["seed"], modes.index(r["mode"])))
-    summary = summarize(runs, args.steps)
+def difference_rows(summary: Dict[str, object], modes: Sequence[str],
+                    baseline: str = "sync") -> List[Dict[str, object]]:
+    """The printed table: per mode (not ``baseline``), each measure's mean relative difference
+    and 95% interval, in percent."""
     rows = []
     for m in modes:
-        if m == "sync":
+        if m == baseline:
             continue
         row: Dict[str, object] = {"mode": m}
         for name in ("final_ndcg@10", "plateau_ndcg@10", "final_ndcg@200"):
@@ -256,21 +232,85 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             row[name] = (f"{100 * p['mean']:+.1f}%" +
                          (f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]" if ci else ""))
         rows.append(row)
-    print_table(rows)
+    return rows
+
+
+def run_records(runs: List[dict]) -> List[Dict[str, object]]:
+    """The JSON's ``runs``: each run's mode, seed, seconds, reuse, final and periodic metrics."""
+    return [{"mode": r["mode"], "seed": r["seed"], "seconds": round(r["seconds"], 1),
+             "reused_from_runs_dir": "reused" in r, "valid": r["valid"], "evals": r["evals"]}
+            for r in runs]
+
+
+def write_result(args: argparse.Namespace, seeds: Sequence[int], modes: Sequence[str],
+                 summary: Dict[str, object], runs: List[dict], load: float, t0: float,
+                 config: Dict[str, object], extra: Optional[Dict[str, object]] = None) -> str:
+    """Write ``benchmarks/results/<args.name>.json``: ``extra``, the summary, the runs, the
+    configuration (``config`` added to the shared part), load averages and seconds."""
     path = write_json(args.name, {
-        "ndcg_rel_diff": {m[1]: summary["final_ndcg@10"][m]["mean"]  # type: ignore[index]
-                          for m in ("k1", "k2") if m in modes},
-        **summary, "goal_abs_rel_diff": 0.02, "stale_reads": collisions,
-        "runs": [{"mode": r["mode"], "seed": r["seed"], "seconds": round(r["seconds"], 1),
-                  "reused_from_runs_dir": "reused" in r,
-                  "valid": r["valid"], "evals": r["evals"]} for r in runs],
+        **(extra or {}), **summary, "runs": run_records(runs),
         "config": {**run_description(args.steps, seeds, args.quick),
-                   "eval_every": args.eval_every, "modes": modes,
-                   "sync_warmup_steps": args.warmup, "jobs": args.jobs,
+                   "eval_every": args.eval_every, "modes": list(modes), **config,
                    "plateau": f"evaluations at steps >= {PLATEAU * args.steps:g}"},
         "load_average_before": round(load, 2), "load_average_after": round(os.getloadavg()[0], 2),
         "seconds": round(time.perf_counter() - t0, 1)})
     print(f"wrote {path}")
+    return path
+
+
+def quality_arguments(ap: argparse.ArgumentParser, quick_modes: str, name: str) -> None:
+    """The options every paired-seed quality script shares (``--quick`` runs ``quick_modes``;
+    ``name``: the default result file)."""
+    ap.add_argument("--quick", action="store_true", help=f"100 steps, seed 0, {quick_modes}")
+    ap.add_argument("--steps", type=int, default=None, help="training steps (default 1200)")
+    ap.add_argument("--eval-every", type=int, default=None, help="default 100 (quick: 50)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2")
+    ap.add_argument("--runs-dir", default=None, help="keep / reuse each run's result here")
+    ap.add_argument("--name", default=name,
+                    help=f"result file benchmarks/results/NAME.json (default {name})")
+
+
+def schedule(args: argparse.Namespace) -> List[int]:
+    """Fill in ``args.steps`` / ``args.eval_every`` (quick or full defaults); the seeds."""
+    args.steps = args.steps or (100 if args.quick else 1200)
+    args.eval_every = args.eval_every or (50 if args.quick else 100)
+    return args.seeds or ([0] if args.quick else [0, 1, 2])
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    quality_arguments(ap, "sync and k1", "semi_async_quality")
+    ap.add_argument("--modes", nargs="+", default=None, choices=MODES,
+                    help=f"default {' '.join(DEFAULT_MODES)}")
+    ap.add_argument("--warmup", type=int, default=200,
+                    help="train.sync_warmup_steps of k1w / k2w (default 200)")
+    ap.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
+    ap.add_argument("--child", nargs=2, metavar=("MODE", "SEED"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    seeds = schedule(args)
+    if args.child:
+        return child(args.child[0], int(args.child[1]), args.steps, args.eval_every,
+                     args.warmup)
+    modes = args.modes or (["sync", "k1"] if args.quick else list(DEFAULT_MODES))
+    if "sync" not in modes:
+        ap.error("--modes: needs sync (every difference is paired with it)")
+    if args.jobs < 1 or args.steps < 1 or args.eval_every < 1 or args.warmup < 0:
+        ap.error("--jobs, --steps, --eval-every must be >= 1 and --warmup >= 0")
+    if sample_absent(args.steps):
+        return 0
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    collisions = stale_reads(seeds[0], min(args.steps, 200))
+    print(f"stale reads: {collisions}", flush=True)
+    runs = run_all([(m, s) for s in seeds for m in modes], args)
+    runs.sort(key=lambda r: (r["seed"], modes.index(r["mode"])))
+    summary = summarize(runs, args.steps)
+    print_table(difference_rows(summary, modes))
+    write_result(args, seeds, modes, summary, runs, load, t0,
+                 {"sync_warmup_steps": args.warmup, "jobs": args.jobs},
+                 {"ndcg_rel_diff": {m[1]: summary["final_ndcg@10"][m]["mean"]  # type: ignore
+                                    for m in ("k1", "k2") if m in modes},
+                  "goal_abs_rel_diff": 0.02, "stale_reads": collisions})
     return 0
 
 

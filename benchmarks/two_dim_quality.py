@@ -27,20 +27,21 @@ Writes benchmarks/results/two_dim_quality.json (``--name``: NAME.json).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.common import print_table, write_json  # noqa: E402
-from benchmarks.sample_runs import run_description, sample_config  # noqa: E402
-from benchmarks.semi_async_quality import PLATEAU, summarize  # noqa: E402
+from benchmarks.common import print_table  # noqa: E402
+from benchmarks.sample_runs import sample_absent, sample_config  # noqa: E402
+from benchmarks.semi_async_quality import (difference_rows, keep_run,  # noqa: E402
+                                           kept_run, quality_arguments, schedule,
+                                           summarize, write_result)
 
 BASELINE = "1d"
 DEFAULT_MODES = ("1d", "2d_1", "2d_10", "2d_100", "2d_1000")
@@ -85,41 +86,27 @@ def run_one(mode: str, seed: int, args: argparse.Namespace) -> dict:
     if args.runs_dir:
         path = os.path.join(args.runs_dir, f"{mode}_seed{seed}_steps{args.steps}_"
                                            f"eval{args.eval_every}_batch{args.batch_size}.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                print(f"{mode} seed {seed}: reused {path}", flush=True)
-                return dict(json.load(f), reused=path)
+    kept = kept_run(path, mode, seed)
+    if kept is not None:
+        return kept
     overrides = [f"train.eval_every={args.eval_every}", f"train.seed={seed}",
                  f"train.batch_size={args.batch_size}", "train.threads=1",
                  *mode_overrides(mode)]
     out = run_multiprocess(_rank_run, HOSTS * DEVICES_PER_HOST, (overrides, args.steps),
                            local_world_size=DEVICES_PER_HOST)[0]
     r = {"mode": mode, "seed": seed, **out}
-    if path:
-        os.makedirs(args.runs_dir, exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(r, f)
-    print(f"{mode} seed {seed}: valid ndcg@10 {r['valid']['ndcg@10']:.4f} "
-          f"({r['seconds']:.0f} s)", flush=True)
+    keep_run(path, r)
     return r
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="100 steps, seed 0, 1d and 2d_10")
-    ap.add_argument("--steps", type=int, default=None, help="training steps (default 1200)")
-    ap.add_argument("--eval-every", type=int, default=None, help="default 100 (quick: 50)")
+    quality_arguments(ap, "1d and 2d_10", "two_dim_quality")
     ap.add_argument("--batch-size", type=int, default=8, help="sequences per rank (default 8)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2")
     ap.add_argument("--modes", nargs="+", default=None,
                     help=f"1d and 2d_N (default {' '.join(DEFAULT_MODES)})")
-    ap.add_argument("--runs-dir", default=None, help="keep / reuse each run's result here")
-    ap.add_argument("--name", default="two_dim_quality",
-                    help="result file benchmarks/results/NAME.json (default two_dim_quality)")
     args = ap.parse_args(argv)
-    args.steps = args.steps or (100 if args.quick else 1200)
-    args.eval_every = args.eval_every or (50 if args.quick else 100)
-    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    seeds = schedule(args)
     modes = args.modes or (["1d", "2d_10"] if args.quick else list(DEFAULT_MODES))
     if BASELINE not in modes:
         ap.error(f"--modes: needs {BASELINE} (every difference is paired with it)")
@@ -130,39 +117,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             ap.error(f"--modes: {e}")
     if args.steps < 1 or args.eval_every < 1 or args.batch_size < 1:
         ap.error("--steps, --eval-every and --batch-size must be >= 1")
-    base = sample_config(args.steps)
-    if not os.path.exists(base.data.files[0]):
-        print(f"skipped: {base.data.files[0]} is absent")
+    if sample_absent(args.steps):
         return 0
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
     runs = [run_one(m, s, args) for s in seeds for m in modes]
     summary = summarize(runs, args.steps, baseline=BASELINE)
-    rows = []
-    for m in modes:
-        if m == BASELINE:
-            continue
-        row: Dict[str, object] = {"mode": m}
-        for name in ("final_ndcg@10", "plateau_ndcg@10", "final_ndcg@200"):
-            p = summary[name][m]  # type: ignore[index]
-            ci = p.get("ci95")
-            row[name] = (f"{100 * p['mean']:+.1f}%" +
-                         (f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]" if ci else ""))
-        rows.append(row)
-    print_table(rows)
-    path = write_json(args.name, {
-        **summary,
-        "runs": [{"mode": r["mode"], "seed": r["seed"], "seconds": round(r["seconds"], 1),
-                  "reused_from_runs_dir": "reused" in r, "valid": r["valid"],
-                  "evals": r["evals"]} for r in runs],
-        "config": {**run_description(args.steps, seeds, args.quick),
-                   "world_size": HOSTS * DEVICES_PER_HOST, "hosts": HOSTS,
-                   "devices_per_host": DEVICES_PER_HOST, "batch_size_per_rank": args.batch_size,
-                   "eval_every": args.eval_every, "modes": modes, "baseline": BASELINE,
-                   "plateau": f"evaluations at steps >= {PLATEAU * args.steps:g}"},
-        "load_average_before": round(load, 2), "load_average_after": round(os.getloadavg()[0], 2),
-        "seconds": round(time.perf_counter() - t0, 1)})
-    print(f"wrote {path}")
+    print_table(difference_rows(summary, modes, BASELINE))
+    write_result(args, seeds, modes, summary, runs, load, t0,
+                 {"world_size": HOSTS * DEVICES_PER_HOST, "hosts": HOSTS,
+                  "devices_per_host": DEVICES_PER_HOST, "batch_size_per_rank": args.batch_size,
+                  "baseline": BASELINE})
     return 0
 
 
