@@ -52,10 +52,13 @@ def mode_overrides(mode: str) -> List[str]:
     """Config overrides of a mode (module docstring)."""
     if mode == BASELINE:
         return ["train.planner=hierarchical"]
-    prefix, _, every = mode.partition("_")
-    if prefix != "2d" or not every.isdigit() or int(every) < 1:
-        raise ValueError(f"mode {mode!r}: expected '1d' or '2d_N' with N >= 1")
-    return ["train.planner=hierarchical_2d", f"train.sync_every={int(every)}"]
+    parts = mode.split("_")
+    merge = parts.pop() if len(parts) == 3 else "mean"
+    if (len(parts) != 2 or parts[0] != "2d" or not parts[1].isdigit() or int(parts[1]) < 1
+            or merge not in ("mean", "sum")):
+        raise ValueError(f"mode {mode!r}: expected '1d', '2d_N' or '2d_N_sum' with N >= 1")
+    return ["train.planner=hierarchical_2d", f"train.sync_every={int(parts[1])}",
+            f"train.replica_merge={merge}"]
 
 
 def _rank_run(rank: int, world: int, overrides: List[str], steps: int) -> Optional[dict]:

@@ -16,8 +16,11 @@ from benchmarks import two_dim_quality as tdq  # noqa: E402
 
 def test_mode_overrides():
     assert tdq.mode_overrides("1d") == ["train.planner=hierarchical"]
-    assert tdq.mode_overrides("2d_25") == ["train.planner=hierarchical_2d", "train.sync_every=25"]
-    for bad in ("2d", "2d_0", "2d_x", "3d_5", "sync"):
+    assert tdq.mode_overrides("2d_25") == ["train.planner=hierarchical_2d", "train.sync_every=25",
+                                           "train.replica_merge=mean"]
+    assert tdq.mode_overrides("2d_7_sum") == ["train.planner=hierarchical_2d",
+                                              "train.sync_every=7", "train.replica_merge=sum"]
+    for bad in ("2d", "2d_0", "2d_x", "3d_5", "sync", "2d_5_max", "2d_5_sum_x"):
         with pytest.raises(ValueError, match=f"mode '{bad}'"):
             tdq.mode_overrides(bad)
 

@@ -47,6 +47,10 @@ def _two_dim_worker(rank: int, world: int, out: str) -> dict:
         "every": _fit(out, "every", **TWO_D),
         "never": _fit(out, "never", sync_every=STEPS, **TWO_D),
         "never_eval": _fit(out, "never_eval", sync_every=STEPS, eval_every=1, **TWO_D),
+        "sum": _fit(out, "sum", sync_every=2, replica_merge="sum", **TWO_D),
+        "sum_eval": _fit(out, "sum_eval", sync_every=2, eval_every=1, replica_merge="sum",
+                         **TWO_D),
+        "mean2": _fit(out, "mean2", sync_every=2, **TWO_D),
         "full": _fit(out, "full", sync_every=STEPS, checkpoint_every=2, **TWO_D),
         "part": _fit(out, "part", steps=2, sync_every=STEPS, checkpoint_every=2, **TWO_D),
         "resumed": _fit(out, "part", resume=True, sync_every=STEPS, checkpoint_every=2, **TWO_D),
@@ -67,8 +71,10 @@ def test_two_dim_trainer_on_two_hosts(tmp_path):
     * the replicas drift between syncs and the option is wired: a sync every step and none
       until the end give different losses from step 2 on; every run ends with the replicas of
       each shard equal (the final sync) on the two hosts;
-    * evaluating after every step (of the averaged replicas) leaves training as it was, to the
-      bit: each host gets its own weights back;
+    * evaluating after every step (of the merged replicas) leaves training as it was, to the
+      bit: each host gets its own weights back (also with ``replica_merge="sum"``, whose next
+      merge starts from the last one's values); the sum merge differs from the mean after its
+      first sync;
     * a checkpoint (of the synced replicas) at step 2 and a resume give the losses of one run
       with the same checkpoint."""
     per_rank = run_multiprocess(_two_dim_worker, 4, (str(tmp_path),), local_world_size=2)
@@ -83,8 +89,14 @@ def test_two_dim_trainer_on_two_hosts(tmp_path):
     assert every[:1] == pytest.approx(never[:1], abs=1e-6)
     assert max(abs(a - b) for a, b in zip(every[1:], never[1:])) > 1e-4
     assert r["never_eval"]["losses"] == never
+    # replica_merge: the sum of the hosts' changes differs from their average after the sync
+    # at step 2; evaluating the merged replicas every step moves neither the weights nor the
+    # last merge's values the next merge starts from
+    assert r["sum"]["losses"][:2] == r["mean2"]["losses"][:2]
+    assert max(abs(a - b) for a, b in zip(r["sum"]["losses"][2:], r["mean2"]["losses"][2:])) > 1e-4
+    assert r["sum_eval"]["losses"] == r["sum"]["losses"]
     np.testing.assert_allclose(r["resumed"]["losses"], r["full"]["losses"], rtol=TOL, atol=TOL)
-    for name in ("every", "never", "full", "resumed"):
+    for name in ("every", "never", "full", "resumed", "sum", "sum_eval"):
         prints = [per_rank[k][name]["fingerprint"] for k in range(4)]
         # ranks 0 and 2 hold shard 0 on hosts 0 and 1, ranks 1 and 3 shard 1
         assert prints[0] == pytest.approx(prints[2], rel=1e-6, abs=1e-9), name

@@ -30,6 +30,7 @@ __all__ = [
 
 DATA_SOURCES = ("table", "kuairand", "synthetic")
 PLANNERS = ("torchrec", "hierarchical", "hierarchical_2d")
+REPLICA_MERGES = ("mean", "sum")  # TwoDimModelParallel.MERGES
 BALANCE_MODES = ("none", "collator", "all_to_all")
 SHARDINGS = ("row_wise", "table_wise")
 SAMPLERS = ("uniform", "popularity", "in_batch", "mixed")
@@ -97,8 +98,10 @@ class TrainConfig:
     (TorchRec's EmbeddingShardingPlanner), ``hierarchical`` or ``hierarchical_2d`` (2-D
     parallelism: the table sharded inside each host and replicated across hosts, TorchRec's
     ``DMPCollection``; docs/planner.md); sync_every: with ``hierarchical_2d``, the steps between
-    two averagings of the hosts' replicas (1: every step); sharding: the table's sharding
-    type; pipeline: ``sync`` | ``sparse_dist`` | ``semi_async``
+    two merges of the hosts' replicas (1: every step); replica_merge: how (``mean``: their
+    average, TorchRec's; ``sum``: the last merge plus every replica's change since, which
+    with SGD and a sync every step is 1-D training for this loss scale; docs/planner.md);
+    sharding: the table's sharding type; pipeline: ``sync`` | ``sparse_dist`` | ``semi_async``
     (:func:`torchrec_ascend.distributed.make_train_pipeline`) and staleness: the bound ``k`` of
     :class:`torchrec_ascend.distributed.DistributedModelParallel` (``sync`` / ``sparse_dist``:
     0 only; ``semi_async``: any ``k >= 0``, 0 being synchronous); sync_warmup_steps: with
@@ -134,6 +137,7 @@ class TrainConfig:
     sharding: str = "row_wise"
     planner: str = "torchrec"
     sync_every: int = 1
+    replica_merge: str = "mean"
     pipeline: str = "sparse_dist"
     staleness: int = 0
     sync_warmup_steps: int = 0
@@ -353,6 +357,11 @@ def _validate(cfg: ExperimentConfig) -> None:
     if t.staleness and t.pipeline != "semi_async":
         raise ConfigError("train.staleness", f"{t.staleness} needs train.pipeline='semi_async' "
                                              f"(pipeline {t.pipeline!r} is synchronous: 0 only)")
+    _one_of("train.replica_merge", t.replica_merge, REPLICA_MERGES)
+    if t.replica_merge != "mean" and t.planner != "hierarchical_2d":
+        raise ConfigError("train.replica_merge", f"{t.replica_merge!r} needs train.planner="
+                                                 f"'hierarchical_2d' (planner {t.planner!r} "
+                                                 "keeps no replicas to merge)")
     if t.planner == "hierarchical_2d" and t.pipeline == "semi_async":
         raise ConfigError("train.pipeline", "'semi_async' does not run with train.planner="
                                             "'hierarchical_2d' (2-D parallelism runs TorchRec's "

@@ -29,13 +29,15 @@ __all__ = ["KINDS", "wrap_model", "make_pipeline", "step_row", "draw_pipeline_pn
 
 
 def wrap_model(module: torch.nn.Module, device: torch.device, plan: Any, sharders: List[Any],
-               staleness: int, planner: Any = None) -> torch.nn.Module:
+               staleness: int, planner: Any = None, replica_merge: str = "mean"
+               ) -> torch.nn.Module:
     """``module`` sharded by ``plan`` under torchrec_ascend's DistributedModelParallel with the
     staleness bound ``staleness``; dense gradients summed over ranks (module docstring).  When
     ``planner`` is a :class:`~torchrec_ascend.distributed.planner.TwoDimShardingPlanner` (and
     ``staleness`` 0), its 2-D model instead: ``plan`` inside each host, replicas across hosts
     (:func:`~torchrec_ascend.distributed.planner.two_dim_model`, TorchRec's ``DMPCollection``),
-    dense gradients summed over the whole world."""
+    dense gradients summed over the whole world, the replicas merged by ``replica_merge``
+    (:class:`~torchrec_ascend.distributed.planner.TwoDimModelParallel`'s ``merge``)."""
     from ..distributed import DistributedModelParallel
     from ..distributed.planner import TwoDimShardingPlanner, two_dim_model
     from ..distributed.semi_async_grads import DeferredGradWrapper
@@ -45,7 +47,7 @@ def wrap_model(module: torch.nn.Module, device: torch.device, plan: Any, sharder
         if staleness:
             raise ValueError(f"staleness={staleness}: 2-D parallelism runs synchronously (0)")
         return two_dim_model(module, planner, device, sharders, plan=plan,
-                             data_parallel_wrapper=SumDataParallelWrapper())
+                             data_parallel_wrapper=SumDataParallelWrapper(), merge=replica_merge)
     wrapper = SumDataParallelWrapper() if staleness == 0 else DeferredGradWrapper(average=False)
     return DistributedModelParallel(module, device=device, plan=plan, sharders=sharders,
                                     data_parallel_wrapper=wrapper, staleness=staleness)

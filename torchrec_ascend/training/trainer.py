@@ -162,7 +162,8 @@ class Trainer:
         sharders = [EmbeddingCollectionSharder()]
         planner = make_planner(self.cfg, env, dense_bytes=16 * n_dense)  # param, grad, 2 AdamW
         self.plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
-        self.dmp = wrap_model(model, env.device, self.plan, sharders, t.staleness, planner)
+        self.dmp = wrap_model(model, env.device, self.plan, sharders, t.staleness, planner,
+                              t.replica_merge)
         init_item_table(self.dmp, self.split.num_items, self.cfg.model.table_dim, t.seed)
         dense = [p for _, p in in_backward_optimizer_filter(self.dmp.named_parameters())]
         self.optimizer = DenseOptimizer(dense, t.lr, t.weight_decay, t.clip_grad_norm or None)
@@ -232,8 +233,8 @@ class Trainer:
         if detach is not None:
             detach()
         users = eval_users(self.split.num_users, self.env.rank, self.env.world_size, limit)
-        averaged = getattr(self.dmp, "averaged_weights", None)  # 2-D: of the hosts' average
-        with averaged() if averaged is not None else contextlib.nullcontext():
+        merged = getattr(self.dmp, "merged_weights", None)  # 2-D: of the hosts' replicas merged
+        with merged() if merged is not None else contextlib.nullcontext():
             return self.evaluator.evaluate(self.model, which, users, self.env.device)
 
     # ------------------------------------------------------------------ the loop
@@ -343,7 +344,7 @@ class Trainer:
             if hasattr(self.dmp, "restart_count"):
                 self.dmp.restart_count(restored)
             self.say(f"[{self.kind}] restored the best validation model (step {restored})")
-        self._sync_replicas()  # 2-D: the final evaluation is of the averaged replicas
+        self._sync_replicas()  # 2-D: the final evaluation is of the merged replicas
         valid = self.evaluate("valid") if self.split.has_valid else None  # leave-one-out: none
         test = self.evaluate("test")
         for name, met in (("valid", valid), ("test", test)):
@@ -393,7 +394,7 @@ class Trainer:
         if stop_state["best"] is None or value > stop_state["best"]:
             stop_state.update(best=value, best_step=step, bad=0)
             if e.restore_best:
-                self._sync_replicas()  # 2-D: the checkpoint holds one copy (the average)
+                self._sync_replicas()  # 2-D: the checkpoint holds one copy (the merged one)
                 ckpt.save(self.best_root, step, self.dmp, self.optimizer,
                           {"history": history, "early_stopping": stop_state}, keep=1)
         else:

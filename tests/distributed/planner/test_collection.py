@@ -14,7 +14,9 @@ LOCAL_WORLD_SIZE=2, gloo), TorchRec's DMPCollection built from TwoDimShardingPla
   replay of the algorithm (one unsharded model per host; tables sharded in the host step with
   their host's mean gradient, the head and data-parallel tables with the world mean; replicas
   averaged after step 2) and measurably different from the sync-every-step result: replicas
-  drift between syncs.
+  drift between syncs;
+* the same with ``merge="sum"``: equal to the replay whose merge adds the hosts' changes since
+  the start to the start's values, and measurably different from the averaging replay.
 
 Tolerance atol 1e-5 / rtol 1e-4 (float32; the sharded run sums gradients and averages replicas
 in another order than the replay; training moves every table by > 20 x atol).
@@ -47,9 +49,10 @@ from test_planners import _initial_state, _reference  # noqa: E402
 STEPS = 3
 L = 2
 ATOL, RTOL = 1e-5, 1e-4
-RUNS = {"ours_sync1": (None, 1),
-        "forced_sync2": ({"user": "column_wise", "hot": "data_parallel", "big": "row_wise",
-                          "item": "table_wise", "tag": "row_wise"}, 2)}
+FORCED = {"user": "column_wise", "hot": "data_parallel", "big": "row_wise", "item": "table_wise",
+          "tag": "row_wise"}
+RUNS = {"ours_sync1": (None, 1, "mean"), "forced_sync2": (FORCED, 2, "mean"),
+        "forced_sync2_sum": (FORCED, 2, "sum")}
 
 
 def _types(plan) -> Dict[str, str]:
@@ -58,7 +61,7 @@ def _types(plan) -> Dict[str, str]:
 
 def _worker(rank: int, world: int) -> dict:
     out = {}
-    for name, (forced, sync_every) in RUNS.items():
+    for name, (forced, sync_every, merge) in RUNS.items():
         planner = TwoDimShardingPlanner(topology=V.validation_topology(),
                                         batch_size=V.VALIDATION_BATCH,
                                         constraints=V.validation_constraints(forced),
@@ -69,7 +72,7 @@ def _worker(rank: int, world: int) -> dict:
         syncs: List[bool] = []
 
         def wrap(m, p, sharders):
-            dmp = two_dim_model(m, planner, torch.device("cpu"), sharders, plan=p)
+            dmp = two_dim_model(m, planner, torch.device("cpu"), sharders, plan=p, merge=merge)
             assert isinstance(dmp, TwoDimModelParallel)
             done = dmp.step_done
             dmp.step_done = lambda: syncs.append(done())  # type: ignore[method-assign]
@@ -98,10 +101,12 @@ def _mean_gradient_reference(world: int) -> dict:
     return {"losses": ref["losses"], "states": [ref["state"]] * (world // L)}
 
 
-def _two_dim_replay(world: int, types: Dict[str, str], sync_every: int) -> dict:
+def _two_dim_replay(world: int, types: Dict[str, str], sync_every: int,
+                    merge: str = "mean") -> dict:
     """One unsharded model per host: tables sharded in the host step with the mean gradient of
     the host's ranks, the head and data-parallel tables with the world's mean; every
-    ``sync_every`` steps the sharded tables are averaged over the hosts."""
+    ``sync_every`` steps the sharded tables are merged over the hosts: averaged (``mean``), or
+    their value at the last merge plus the sum of the hosts' changes since (``sum``)."""
     H = world // L
     models = []
     for _ in range(H):
@@ -114,6 +119,7 @@ def _two_dim_replay(world: int, types: Dict[str, str], sync_every: int) -> dict:
         parts = name.split(".")
         return parts[0] in ("ebc", "ec") and types[parts[2]] != "data_parallel"
 
+    anchors = {n: p.detach().clone() for n, p in models[0].named_parameters() if sharded(n)}
     losses = [[] for _ in range(world)]
     for step in range(STEPS):
         for h, m in enumerate(models):
@@ -137,9 +143,13 @@ def _two_dim_replay(world: int, types: Dict[str, str], sync_every: int) -> dict:
             if (step + 1) % sync_every == 0:
                 for n in names:
                     if sharded(n):
-                        avg = sum(p[n] for p in params) / H
+                        if merge == "sum":
+                            merged = anchors[n] + sum(p[n] - anchors[n] for p in params)
+                        else:
+                            merged = sum(p[n] for p in params) / H
+                        anchors[n] = merged.clone()
                         for p in params:
-                            p[n].copy_(avg)
+                            p[n].copy_(merged)
     return {"losses": losses,
             "states": [{k: v.detach() for k, v in m.state_dict().items()} for m in models]}
 
@@ -164,9 +174,10 @@ def _check(per_rank: List[dict], ref: dict, where: str) -> None:
 def test_plans_are_two_dimensional(runs):
     ours = runs[0]["ours_sync1"]["types"]
     assert any(t != "data_parallel" for t in ours.values()), ours
-    assert runs[0]["forced_sync2"]["types"] == RUNS["forced_sync2"][0]
+    assert runs[0]["forced_sync2"]["types"] == runs[0]["forced_sync2_sum"]["types"] == FORCED
     assert [r["ours_sync1"]["syncs"] for r in runs] == [[True] * STEPS] * 4
-    assert [r["forced_sync2"]["syncs"] for r in runs] == [[False, True, False]] * 4
+    for name in ("forced_sync2", "forced_sync2_sum"):
+        assert [r[name]["syncs"] for r in runs] == [[False, True, False]] * 4
 
 
 @pytest.mark.slow
@@ -189,6 +200,19 @@ def test_replicas_drift_between_syncs(runs):
     hosts_gap = max(float((replay["states"][0][k] - replay["states"][1][k]).abs().max())
                     for k in one_d["states"][0])
     assert gap > 20 * ATOL and hosts_gap > 20 * ATOL, (gap, hosts_gap)
+
+
+@pytest.mark.slow
+def test_sum_merge_adds_the_replicas_changes(runs):
+    """merge="sum": after step 2 every replica is its value at the start plus the sum of the
+    two hosts' changes (then step 3 on unsynced replicas), not their average."""
+    types = runs[0]["forced_sync2_sum"]["types"]
+    summed = _two_dim_replay(4, types, 2, merge="sum")
+    _check([r["forced_sync2_sum"] for r in runs], summed, "sync2 sum vs replay")
+    averaged = _two_dim_replay(4, types, 2)
+    gap = max(float((summed["states"][h][k] - averaged["states"][h][k]).abs().max())
+              for h in range(2) for k in summed["states"][0])
+    assert gap > 20 * ATOL, gap
 
 
 @pytest.mark.slow
