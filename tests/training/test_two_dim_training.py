@@ -106,7 +106,8 @@ def test_two_dim_trainer_on_two_hosts(tmp_path):
 
 
 def test_two_dim_config_rules():
-    """``sync_every`` needs the 2-D planner; the 2-D planner does not run ``semi_async``."""
+    """``sync_every`` and ``replica_merge`` need the 2-D planner; the 2-D planner does not run
+    ``semi_async``."""
     with pytest.raises(ConfigError, match=r"train\.sync_every: 3 needs train\.planner="
                                           r"'hierarchical_2d'"):
         tiny_config(sync_every=3)
@@ -115,4 +116,10 @@ def test_two_dim_config_rules():
     with pytest.raises(ConfigError, match=r"train\.pipeline: 'semi_async' does not run with "
                                           r"train\.planner='hierarchical_2d'"):
         tiny_config(planner="hierarchical_2d", pipeline="semi_async")
+    with pytest.raises(ConfigError, match=r"train\.replica_merge: 'sum' needs train\.planner="
+                                          r"'hierarchical_2d'"):
+        tiny_config(replica_merge="sum")
+    with pytest.raises(ConfigError, match=r"train\.replica_merge: 'max' is not one of "
+                                          r"\['mean', 'sum'\]"):
+        tiny_config(planner="hierarchical_2d", replica_merge="max")
     assert tiny_config(planner="hierarchical_2d", sync_every=5).train.sync_every == 5
