@@ -514,19 +514,19 @@ at::Tensor expand_into_jagged_permute(const at::Tensor& permute, const at::Tenso
                     "input_offset, output_offset: need len(permute) + 1 entries");
   TORCH_CHECK_VALUE(out_off[t] == output_size, "output_size: is ", output_size,
                     " but output_offset ends at ", out_off[t]);
-  for (int64_t i = 0; i < t; ++i) {
-    TORCH_CHECK_VALUE(perm[i] >= 0 && perm[i] < t, "permute: entry ", i, " out of range");
-    TORCH_CHECK_VALUE(out_off[i] <= out_off[i + 1] && out_off[i] >= 0,
-                      "output_offset: must start at >= 0 and not decrease");
-  }
   auto out = new_cpu({output_size}, input_offset);
   dispatch_index(input_offset, "input_offset", [&](auto z) {
     using index_t = decltype(z);
     index_t* d = out.data_ptr<index_t>();
     parallel_over(t, output_size, [&](int64_t t0, int64_t t1) {
+      // each segment is checked right before it is written (one pass over the inputs; a bad
+      // entry raises before anything outside [0, output_size) could be written)
       for (int64_t i = t0; i < t1; ++i) {
-        const int64_t j0 = out_off[i];
-        fill_iota(d + j0, out_off[i + 1] - j0, in_off[perm[i]]);
+        const int64_t p = perm[i], j0 = out_off[i], j1 = out_off[i + 1];
+        TORCH_CHECK_VALUE(p >= 0 && p < t, "permute: entry ", i, " out of range");
+        TORCH_CHECK_VALUE(j0 >= 0 && j0 <= j1 && j1 <= output_size,
+                          "output_offset: must start at >= 0 and not decrease");
+        fill_iota(d + j0, j1 - j0, in_off[p]);
       }
     });
   });

@@ -8,6 +8,8 @@ wrappers, in the style of generative-recommenders' op tests.
 
 from __future__ import annotations
 
+import functools
+
 from typing import List, Optional
 
 import pytest
@@ -324,6 +326,25 @@ def _test_expand_into_jagged_permute(backend, t, max_len, dtype, seed):
 def test_expand_into_jagged_permute(backend, t, max_len, dtype, seed):
     _need("expand_into_jagged_permute", backend)
     _test_expand_into_jagged_permute(backend, t, max_len, dtype, seed)
+
+
+def test_expand_into_jagged_permute_names_a_bad_entry():
+    """A permute entry outside [0, T), an output_offset that decreases, starts below 0 or runs
+    past output_size mid-way: a ValueError naming the argument (each segment is checked before
+    it is written, so nothing is written outside the output)."""
+    _need("expand_into_jagged_permute", "cpu_kernel")
+    in_off = torch.tensor([0, 2, 5, 6])
+    out_off = torch.tensor([0, 1, 3, 6])
+    run = functools.partial(_run, "expand_into_jagged_permute", "cpu_kernel")
+    for bad in (3, -1):
+        with pytest.raises(ValueError, match=r"permute: entry 1 out of range"):
+            run(torch.tensor([2, bad, 0]), in_off, out_off, 6)
+    for off in ([0, 4, 3, 6], [-1, 1, 3, 6], [0, 9, 3, 6]):
+        with pytest.raises(ValueError, match=r"output_offset: must start at >= 0 and not "
+                                             r"decrease"):
+            run(torch.tensor([2, 1, 0]), in_off, torch.tensor(off), 6)
+    with pytest.raises(ValueError, match=r"output_size: is 7 but output_offset ends at 6"):
+        run(torch.tensor([2, 1, 0]), in_off, out_off, 7)
 
 
 @pytest.mark.parametrize("cap", [0, 1, 2])
