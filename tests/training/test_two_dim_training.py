@@ -123,3 +123,7 @@ def test_two_dim_config_rules():
                                           r"\['mean', 'sum'\]"):
         tiny_config(planner="hierarchical_2d", replica_merge="max")
     assert tiny_config(planner="hierarchical_2d", sync_every=5).train.sync_every == 5
+    from torchrec_ascend.distributed.planner.collection import TwoDimModelParallel
+    from torchrec_ascend.training.config import REPLICA_MERGES
+
+    assert REPLICA_MERGES == TwoDimModelParallel.MERGES  # the config's list is the model's

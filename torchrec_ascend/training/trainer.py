@@ -209,7 +209,7 @@ class Trainer:
         return sorted(m for m in marks if m > start)
 
     def _sync_replicas(self) -> None:
-        """2-D parallelism: average the hosts' replicas now if a step was trained since the
+        """2-D parallelism: merge the hosts' replicas now if a step was trained since the
         last sync (before a checkpoint, which holds one copy, and before the final
         evaluation); nothing otherwise (collective)."""
         sync = getattr(self.dmp, "sync_replicas", None)

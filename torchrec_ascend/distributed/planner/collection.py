@@ -191,7 +191,7 @@ class TwoDimModelParallel(DMPCollection, _RealDevice):
 
     def sync_replicas(self) -> bool:
         """Sync now unless :attr:`in_sync` (collective on every rank; for a checkpoint or the
-        final evaluation, of the averaged model).  Returns whether it synced."""
+        final evaluation, of the merged model).  Returns whether it synced."""
         if self.in_sync:
             return False
         self.sync()
