@@ -309,7 +309,7 @@ inline void pool_f32(float* o, const float* const* rows, const float* s, int64_t
 // Prefetches the row of position i + kAhead while position i is summed, across bag ends (short
 // bags are the common case: stopping at a bag's end would leave their rows unfetched).  Bags
 // [k0, k1) cover positions [offs[k0], offs[k1]); advance() is called with ascending i.  At most
-// the first `max_dim` elements of a row are asked for (kLlcPrefix for weights in the LLC: the L2's
+// the first `max_dim` elements of a row are asked for (kLlcPrefixBytes for weights in the LLC: the L2's
 // stream prefetcher brings the rest of the ascending row, and fewer software prefetches hold
 // fewer L1 miss buffers; the quick-shape nobag forward went 1.00 -> 0.98x fbgemm's time with the
 // first 512 bytes and 0.97-0.98x with the first 256 (1024: 1.00x), 2-core Intel Xeon).

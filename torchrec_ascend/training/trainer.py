@@ -216,6 +216,15 @@ class Trainer:
         if sync is not None:
             sync()
 
+    def _load(self, path: str) -> Dict[str, Any]:
+        """Load checkpoint ``path`` into the model and the dense optimizer; its trainer state.
+        2-D: the model counts its steps from the checkpoint's (always of synced replicas)."""
+        state = ckpt.load(path, self.dmp, self.optimizer)
+        restart = getattr(self.dmp, "restart_count", None)
+        if restart is not None:
+            restart(int(state["step"]))
+        return state
+
     def _save(self, step: int, state: Dict[str, Any]) -> None:
         self._sync_replicas()
         ckpt.save(self.root, step, self.dmp, self.optimizer, state,
@@ -272,10 +281,8 @@ class Trainer:
         if self.resume:
             last = ckpt.latest(self.root)
             if last is not None:
-                st = ckpt.load(last, self.dmp, self.optimizer)
+                st = self._load(last)
                 start, history = int(st["step"]), st["history"]
-                if hasattr(self.dmp, "restart_count"):  # 2-D: checkpoints are of synced replicas
-                    self.dmp.restart_count(start)
                 stop_state = st["early_stopping"]
                 if t.sync_warmup_steps:  # the warm-up counts global steps
                     self.pipeline.sync_warmup_steps = max(0, t.sync_warmup_steps - start)
@@ -340,9 +347,7 @@ class Trainer:
             best = ckpt.latest(self.best_root)
             if best is None:
                 raise RuntimeError(f"eval.restore_best: no checkpoint under {self.best_root}")
-            restored = int(ckpt.load(best, self.dmp, self.optimizer)["step"])
-            if hasattr(self.dmp, "restart_count"):
-                self.dmp.restart_count(restored)
+            restored = int(self._load(best)["step"])
             self.say(f"[{self.kind}] restored the best validation model (step {restored})")
         self._sync_replicas()  # 2-D: the final evaluation is of the merged replicas
         valid = self.evaluate("valid") if self.split.has_valid else None  # leave-one-out: none
