@@ -68,9 +68,10 @@ def _worker(rank: int, world: int, rounds: int, out: str) -> List[Dict[str, floa
     import torch.distributed as dist
 
     from examples.kuairand.train import build_config
-    from torchrec_ascend.training import Trainer
-    from torchrec_ascend.training.distributed import init_distributed
-    from torchrec_ascend.training.experiment import prepare_split
+    from torchrec_ascend.training import RetrievalTask, Trainer
+    from torchrec_ascend.training.console import Console
+    from torchrec_ascend.training.process_group import init_distributed
+    from torchrec_ascend.training.experiment import prepare_task
 
     torch.set_num_threads(1)
     env = init_distributed("cpu")
@@ -78,11 +79,11 @@ def _worker(rank: int, world: int, rounds: int, out: str) -> List[Dict[str, floa
     cfg = build_config("demo", [f"train.steps={total}", "train.balance=all_to_all",
                                 "train.eval_every=0", "train.checkpoint_every=0",
                                 'models=["hstu"]', "train.threads=1"])
-    split = prepare_split(cfg)
-    trainer = Trainer(cfg, split, env, out, "hstu", peak_flops=1e9, progress=False,
-                      log=lambda _m: None)
+    split = prepare_task(cfg).split
+    trainer = Trainer(cfg, RetrievalTask(cfg, split), env, out, "hstu", peak_flops=1e9,
+                      progress=False, console=Console(False))
     restore_group = dist.new_group(ranks=list(range(world)))  # the main thread's restores
-    builder = trainer.builder
+    builder = trainer.batches
     rows: List[Dict[str, float]] = []
     state = {"mark": time.thread_time(), "pending": None, "first": True}
 

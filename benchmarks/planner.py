@@ -22,7 +22,7 @@ the same TorchRec plan) at ``sync_every_2d``, the first swept interval reaching 
 the longest); ``sync_every_for_goal_2d`` is that interval or null.  A 2-D plan changes the
 training algorithm (replicas drift between syncs: docs/planner.md).
 
-``estimator_error``: the validation model (``torchrec_ascend.distributed.planner.validation``)
+``estimator_error``: the validation model (``torchrec_ascend.distributed.planner.collective_bytes``)
 trained on world 4 (2 hosts x 2, gloo, LOCAL_WORLD_SIZE=2) under our plan and plans forcing
 every sharding type; the bytes its collectives moved (counted by ``CommCounter``) against the
 cost model's estimate: the largest relative error over intra- and inter-host bytes and plans.
@@ -60,7 +60,7 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner  # noqa: E402
 from torchrec_ascend.distributed.planner import (  # noqa: E402
     DeviceMemoryReservation, HierarchicalShardingPlanner, HierarchicalTopology)
 from torchrec_ascend.distributed.planner import tables as T  # noqa: E402
-from torchrec_ascend.distributed.planner import validation as V  # noqa: E402
+from torchrec_ascend.distributed.planner import collective_bytes as V  # noqa: E402
 from torchrec_ascend.distributed.planner.topology import ensure_device_name  # noqa: E402
 from torchrec_ascend.distributed.planner.two_dim import TwoDimShardingPlanner  # noqa: E402
 

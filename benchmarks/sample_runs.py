@@ -35,23 +35,24 @@ def sample_absent(steps: int) -> bool:
 def sample_split(steps: int):
     """``(env, split)`` for the sample (one thread, a size-1 process group), or ``None`` when
     the sample's file is absent."""
-    from torchrec_ascend.training.distributed import init_distributed
-    from torchrec_ascend.training.experiment import prepare_split
+    from torchrec_ascend.training.process_group import init_distributed
+    from torchrec_ascend.training.experiment import prepare_task
 
     torch.set_num_threads(1)
     if sample_absent(steps):
         return None
-    return init_distributed("cpu"), prepare_split(sample_config(steps))
+    return init_distributed("cpu"), prepare_task(sample_config(steps)).split
 
 
 def train_valid(cfg, split, env, peak_flops: float = 1e9) -> Dict[str, Any]:
     """Train ``cfg``'s HSTU on ``split``; the trainer's result plus ``seconds``."""
-    from torchrec_ascend.training import Trainer
+    from torchrec_ascend.training import RetrievalTask, Trainer
+    from torchrec_ascend.training.console import Console
 
     tic = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
-        res = Trainer(cfg, split, env, out, "hstu", peak_flops=peak_flops, progress=False,
-                      log=lambda _m: None).fit()
+        res = Trainer(cfg, RetrievalTask(cfg, split), env, out, "hstu", peak_flops=peak_flops,
+                      progress=False, console=Console(False)).fit()
     res["seconds"] = time.perf_counter() - tic
     return res
 

@@ -47,8 +47,9 @@ from docs.gen_ops import _replace, _section  # noqa: E402
 from torchrec_ascend.datasets import Sequences, peak_rss_mb  # noqa: E402
 from torchrec_ascend.datasets.schema import ACTION_BITS  # noqa: E402
 from torchrec_ascend.datasets.synthetic import SyntheticConfig, chain_sequences  # noqa: E402
-from torchrec_ascend.training import Trainer, config_from_dict, leave_two_out  # noqa: E402
-from torchrec_ascend.training.distributed import init_distributed  # noqa: E402
+from torchrec_ascend.training import RetrievalTask, Trainer, config_from_dict, leave_two_out  # noqa: E402
+from torchrec_ascend.training.console import Console  # noqa: E402
+from torchrec_ascend.training.process_group import init_distributed  # noqa: E402
 
 CONFIG = os.path.join(REPO, "examples", "kuairand", "configs", "27k.json")
 DOC = os.path.join(REPO, "docs", "kuairand.md")
@@ -164,7 +165,8 @@ def run(mode: str, threads: int, steps_override: int = 0) -> Dict[str, Any]:
     check_fits(need, mem_available_bytes())
     env = init_distributed("cpu")
     t0, c0 = time.perf_counter(), time.process_time()
-    tr = Trainer(cfg, split, env, os.devnull, "hstu", 1e9, progress=False, log=lambda _m: None)
+    tr = Trainer(cfg, RetrievalTask(cfg, split), env, os.devnull, "hstu", 1e9, progress=False,
+                 console=Console(False))
     phases["build"] = {"seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
                        "rss_gib": rss_bytes() / 2**30}
     print(f"built the trainer in {phases['build']['seconds']:.1f}s "
@@ -210,7 +212,7 @@ def run(mode: str, threads: int, steps_override: int = 0) -> Dict[str, Any]:
         "loadavg_before": list(load_before), "loadavg_after": list(load_after),
         "model": raw["model"], "train": raw["train"],
     }
-    tr.builder.close()
+    tr.batches.close()
     close = getattr(tr.pipeline, "close", None)
     if close is not None:
         close()

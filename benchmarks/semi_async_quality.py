@@ -90,16 +90,12 @@ def stale_reads(seed: int, steps: int, ks: Sequence[int] = (1, 2)) -> Dict[str, 
     updated: every looked-up row gets a gradient)."""
     import numpy as np
 
-    from torchrec_ascend.sampling import make_sampler
-    from torchrec_ascend.training.batches import BatchBuilder
-    from torchrec_ascend.training.experiment import prepare_split
+    from torchrec_ascend.training.experiment import prepare_task
 
-    cfg = sample_config(steps, [f"train.seed={seed}"])
-    split = prepare_split(cfg)
-    t = cfg.train
-    builder = BatchBuilder(split, cfg.model.max_seq_len, t.batch_size, 0, 1, seed,
-                           make_sampler(t.sampler, split.num_items), t.num_negatives,
-                           prefetch=False)
+    cfg = sample_config(steps, [f"train.seed={seed}", "train.prefetch=false"])
+    task = prepare_task(cfg)
+    split = task.split
+    builder = task.batches("hstu", 0, 1, None)
     rows = [b.kjt.values().numpy() for b in builder.stream(0, steps)]
     builder.close()
     uniq = [np.unique(r) for r in rows]

@@ -50,8 +50,9 @@ from benchmarks.train_breakdown import OffsetsRecorder, StageTimes, breakdown  #
 from torchrec_ascend.datasets import Sequences  # noqa: E402
 from torchrec_ascend.device import dtype_name, measure_gemm_gflops  # noqa: E402
 from torchrec_ascend.ops.hstu import cpu_bf16_gemm  # noqa: E402
-from torchrec_ascend.training import Trainer, config_from_dict, leave_two_out  # noqa: E402
-from torchrec_ascend.training.distributed import init_distributed  # noqa: E402
+from torchrec_ascend.training import RetrievalTask, Trainer, config_from_dict, leave_two_out  # noqa: E402
+from torchrec_ascend.training.console import Console  # noqa: E402
+from torchrec_ascend.training.process_group import init_distributed  # noqa: E402
 
 _TRAIN = {"lr": 1e-3, "sparse_lr": 0.05, "temperature": 0.05, "sharding": "row_wise",
           "planner": "torchrec", "pipeline": "semi_async", "staleness": 0, "seed": 0,
@@ -150,8 +151,9 @@ def run_config(name: str, env, quick: bool) -> Tuple[List[Dict[str, Any]], Dict[
                                 "model": spec["model"],
                                 "train": dict(spec["train"], precision=precision),
                                 "models": [kind]})
-        trainers[f"{kind}/{precision}"] = Trainer(cfg, split, env, os.devnull, kind, 1e9,
-                                                  progress=False, log=lambda _m: None)
+        trainers[f"{kind}/{precision}"] = Trainer(cfg, RetrievalTask(cfg, split), env, os.devnull,
+                                                  kind, 1e9, progress=False,
+                                                  console=Console(False))
     acc = {k: {"tokens": 0.0, "flops": 0.0, "seconds": 0.0, "steps": 0, "loss": float("nan"),
                "stages": StageTimes()} for k in trainers}
     steps = {k: 0 for k in trainers}
@@ -201,7 +203,7 @@ def run_config(name: str, env, quick: bool) -> Tuple[List[Dict[str, Any]], Dict[
                      "mfu_fp32_peak": rate / (peak[torch.float32] * 1e9),
                      "peak_gemm_gflops": {dtype_name(d): v for d, v in peak.items()},
                      "breakdown_ms": parts, "stage_ms": stage_ms, "final_loss": a["loss"]})
-        tr.builder.close()
+        tr.batches.close()
         close = getattr(tr.pipeline, "close", None)
         if close is not None:
             close()

@@ -66,13 +66,13 @@ def _rank_run(rank: int, world: int, overrides: List[str], steps: int) -> Option
     import torch
 
     from benchmarks.sample_runs import train_valid
-    from torchrec_ascend.training.distributed import init_distributed
-    from torchrec_ascend.training.experiment import prepare_split
+    from torchrec_ascend.training.process_group import init_distributed
+    from torchrec_ascend.training.experiment import prepare_task
 
     torch.set_num_threads(1)
     env = init_distributed("cpu")
     cfg = sample_config(steps, overrides)
-    res = train_valid(cfg, prepare_split(cfg), env)
+    res = train_valid(cfg, prepare_task(cfg).split, env)
     if rank != 0:
         return None
     evals = [{"step": e["step"], "ndcg@10": e["ndcg@10"], "ndcg@200": e["ndcg@200"],

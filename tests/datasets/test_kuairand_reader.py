@@ -55,12 +55,24 @@ def oracle_events(path):
     return out
 
 
+def first_of_duplicates(events):
+    """The events without the later rows of each (user, time, item): the reader's policy."""
+    seen, out = set(), []
+    for e in events:
+        key = (e[0], e[1], e[3])
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+    return out
+
+
 def check_cache_against_oracle(cache_dir, paths):
     ev = EventLog.load(cache_dir)
     want = []
     for p in paths:
         want += oracle_events(p)
     want.sort(key=lambda e: (e[0], e[1]))  # stable: file order within (user, time) ties
+    want = first_of_duplicates(want)
     by_user = {}
     for u, t, _, v, a in want:
         by_user.setdefault(u, []).append((v, t, a))
@@ -97,7 +109,7 @@ def test_positive_sequences_rule(small_files, tmp_path):
     rule = PositiveRule(any_of=("click",), none_of=("hate",))
     seqs = load_kuairand([path], str(tmp_path), rule, min_len=3)
     want = {}
-    for u, t, _, v, a in oracle_events(path):
+    for u, t, _, v, a in first_of_duplicates(oracle_events(path)):
         if a & 1 and not a & 32:
             want.setdefault(u, []).append(v)
     want = {u: s for u, s in want.items() if len(s) >= 3}
@@ -159,14 +171,38 @@ def test_sample_variant_label(tmp_path):
 def test_real_sample(tmp_path):
     seqs = load_kuairand([SAMPLE_FILE], str(tmp_path), PositiveRule(any_of=("like",)), min_len=2)
     ev = EventLog.load(preprocess([SAMPLE_FILE], str(tmp_path)))
-    # numbers from the sample's README
+    # numbers from the sample's README (41,828 rows, 33,745 of them likes); 124 rows repeat an
+    # earlier (user, video, time_ms) with the same label (counted by pandas' duplicated()):
+    # 38 of them likes
     assert ev.meta["rows"] == 41828 and ev.num_users == 664 and ev.num_items == 9359
-    assert int(PositiveRule(any_of=("like",))(np.asarray(ev.actions)).sum()) == 33745
-    assert seqs.num_users == 664 and len(seqs.items) == 33745
+    assert ev.meta["duplicates_dropped"] == 124 and len(ev.items) == 41828 - 124
+    assert int(PositiveRule(any_of=("like",))(np.asarray(ev.actions)).sum()) == 33745 - 38
+    assert seqs.num_users == 664 and len(seqs.items) == 33745 - 38
     # within a user, time never decreases
     t = np.asarray(ev.times)
     same_user = np.repeat(np.arange(ev.num_users), np.diff(ev.user_offsets))
     assert np.all((np.diff(t) >= 0) | (np.diff(same_user) != 0))
+
+
+def test_exact_duplicates_dropped_repeats_kept(tmp_path):
+    """Rows that repeat an earlier (user, video, time_ms) are dropped, the first in file order
+    kept (its action bits too) and counted; the same video at another time is kept."""
+    rows = [",".join(LOG_COLUMNS)]
+    for user, video, t, click in [(1, 10, 1000, 1), (1, 11, 2000, 0), (1, 10, 1000, 0),
+                                  (1, 10, 3000, 1), (2, 10, 1000, 1), (1, 11, 2000, 1)]:
+        rows.append(",".join(str(v) for v in [user, video, 20220408, 900, t, click] + [0] * 13))
+    path = tmp_path / "log_standard_dup.csv"
+    _write(path, rows)
+    ev = EventLog.load(preprocess([str(path)], str(tmp_path / "c")))
+    assert ev.meta["rows"] == 6 and ev.meta["duplicates_dropped"] == 2
+    ids = np.asarray(ev.item_ids)
+    got = {int(u): list(zip(ids[ev.items[s:e]].tolist(), ev.times[s:e].tolist(),
+                            ev.actions[s:e].tolist()))
+           for u, s, e in zip(ev.user_ids, ev.user_offsets[:-1], ev.user_offsets[1:])}
+    assert got == {1: [(10, 1000, 1), (11, 2000, 0), (10, 3000, 1)], 2: [(10, 1000, 1)]}
+    seqs = EventLog.load(preprocess([str(path)], str(tmp_path / "c"))).positive_sequences(
+        None, min_len=2)
+    assert seqs.duplicates_dropped == 2
 
 
 # -- bad data ------------------------------------------------------------------------------------

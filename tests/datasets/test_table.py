@@ -42,6 +42,8 @@ def oracle(path, user="user_id", item="item_id", time="timestamp", unit="s", act
     out = {}
     for u, ev in events.items():
         ev.sort(key=lambda e: (e[0], e[1]))
+        seen = set()  # an exact duplicate (user, item, time) keeps its first row only
+        ev = [e for e in ev if not ((e[0], e[2]) in seen or seen.add((e[0], e[2])))]
         keep = [(v, t, a) for t, _, v, a in ev
                 if any_of is None or (any(a & bits[c] for c in any_of)
                                       and not any(a & bits[c] for c in none_of))]
@@ -166,6 +168,24 @@ def test_timestamp_ties_keep_file_order(tmp_path):
     assert [v for v, _, _ in got[8]] == [1, 2, 3]
 
 
+def test_exact_duplicates_dropped_repeats_kept(tmp_path):
+    """A row repeating an earlier (user, item, timestamp) is dropped (the first row kept, with
+    its action bits) and counted, in text-id tables too; the same item at another time is a
+    repeat consumption and stays."""
+    p = tmp_path / "dup.csv"
+    p.write_text("user_id,item_id,timestamp,click\nu1,a,5,1\nu1,b,6,0\nu1,a,5,0\nu1,a,9,1\n"
+                 "u2,a,5,1\nu1,b,6,1\nu1,c,7,0\nu2,b,8,0\n")
+    spec = TableSpec([str(p)], action_cols=["click"])
+    seqs, log = load(spec, tmp_path / "c", min_len=2)
+    got, _ = as_dict(seqs, log)
+    assert got == {"u1": [("a", 5000, 1), ("b", 6000, 0), ("c", 7000, 0), ("a", 9000, 1)],
+                   "u2": [("a", 5000, 1), ("b", 8000, 0)]}
+    assert log.meta["rows"] == 8 and log.meta["duplicates_dropped"] == 2
+    assert seqs.duplicates_dropped == 2
+    want, _ = oracle(str(p), actions=("click",), min_len=2, text_ids=True)
+    assert got == want
+
+
 def test_text_ids_auto_and_explicit(tmp_path):
     p = tmp_path / "asin.csv"
     p.write_text("user_id,item_id,timestamp\nA1,0001234567,1\nA1,B00ZZ,2\nA1,1234567,3\n"
@@ -225,7 +245,7 @@ def test_missing_column_names_it_and_lists_present(tmp_path):
     ("action_cols", [f"a{i}" for i in range(9)], "at most 8"),
     ("action_cols", ["user_id"], "named twice"),
     ("item_col", "user_id", "named twice"),
-    ("positive", {"any_of": ["click"]}, "needs action_cols"),
+    ("positive", {"any_of": ["click"]}, "a positive rule needs TableSpec.action_cols"),
 ])
 def test_spec_validation(field, value, match):
     kw = {"files": ["x.csv"], field: value}

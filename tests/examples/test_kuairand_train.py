@@ -158,7 +158,13 @@ def test_kill9_resume_equals_uninterrupted_and_bad_run_keeps_checkpoint(tmp_path
     bad["data"] = {"source": "kuairand", "files": [str(bad_csv)], "cache_dir": str(tmp_path / "cache")}
     badp = tmp_path / "bad.json"
     badp.write_text(json.dumps(bad))
+    # resuming with other data is refused before anything is read, naming the keys
     r = run(["--config", str(badp), "--out", b, "--resume"])
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert r.stderr.startswith("error: bad config: --resume: ") and "data.source" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # bad data is one line naming file, row and column
+    r = run(["--config", str(badp), "--out", str(tmp_path / "bad-out")])
     assert r.returncode == 2, r.stderr[-3000:]
     assert str(bad_csv) in r.stderr and "row 3" in r.stderr and "'video_id'" in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
@@ -174,6 +180,9 @@ def test_kill9_resume_equals_uninterrupted_and_bad_run_keeps_checkpoint(tmp_path
     a = str(tmp_path / "a")
     r = run(["--config", cfg, "--out", a, "--steps", str(total)])
     assert r.returncode == 0, r.stderr[-3000:]
+    logged = [json.loads(line)["step"] for line in open(os.path.join(b, "hstu", "log.jsonl"))
+              if '"loss"' in line]
+    assert logged == list(range(1, total + 1))  # the replayed steps are logged once
     want, got = losses(a), losses(b)
     assert sorted(want) == list(range(1, total + 1)) and sorted(got) == sorted(want)
     for s in want:

@@ -12,21 +12,21 @@ from torchrec_ascend.metrics import (NonFiniteScoreError, RetrievalMetrics, chec
 
 
 def loop_metrics(scores, targets, histories, ks):
-    """Oracle: per query, drop history items (not the target), count the other items ranked at or
-    above the target (higher or equal score: the pessimistic tie rule), then HR / NDCG / MRR in
-    float64."""
+    """Oracle: per query, drop history items (the target too: a target in the history ranks
+    after every other item), count the other items ranked at or above the target (higher or
+    equal score: the pessimistic tie rule), then HR / NDCG / MRR in float64."""
     hr = {k: 0.0 for k in ks}
     ndcg = {k: 0.0 for k in ks}
     mrr = 0.0
     s = scores.tolist()
     for b, row in enumerate(s):
         t = int(targets[b])
-        hist = set(int(h) for h in histories[b]) - {t}
+        hist = set(int(h) for h in histories[b])
         rank = 0
         for i, v in enumerate(row):
-            if i == t or i in hist:
+            if i == t:
                 continue
-            if v >= row[t]:
+            if t in hist or (i not in hist and v >= row[t]):
                 rank += 1
         for k in ks:
             if rank < k:
@@ -52,7 +52,7 @@ def test_metrics_vs_float64_loop(seed):
     lens[0], lens[1], lens[2] = 0, 1, n  # empty, one, everything (target included)
     hist = [torch.randint(0, n, (int(l),), generator=g) for l in lens]
     hist[2] = torch.arange(n)
-    hist[3] = torch.cat([hist[3], targets[3:4]])  # target in history: stays a candidate
+    hist[3] = torch.cat([hist[3], targets[3:4]])  # target in history: filtered, a miss
     offsets = torch.zeros(b + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(torch.tensor([len(h) for h in hist]), 0)
     flat = torch.cat(hist)
@@ -61,33 +61,34 @@ def test_metrics_vs_float64_loop(seed):
     for lo, hi in ((0, 20), (20, b)):
         sub_off = offsets[lo:hi + 1] - offsets[lo]
         sub_hist = flat[offsets[lo]:offsets[hi]]
-        filt = filter_history(scores[lo:hi], sub_hist, sub_off, targets[lo:hi])
+        filt = filter_history(scores[lo:hi], sub_hist, sub_off)
         m.update(target_ranks(filt, targets[lo:hi]))
     got = m.compute()
     want = loop_metrics(scores.double(), targets, hist, ks)
     assert m.count == b
     for k in want:
         assert got[k] == pytest.approx(want[k], abs=1e-12), k
-    ranks = target_ranks(filter_history(scores, flat, offsets, targets), targets).tolist()
+    ranks = target_ranks(filter_history(scores, flat, offsets), targets).tolist()
     assert metrics_from_ranks(ranks, ks) == pytest.approx(want, abs=1e-12)
-    assert ranks[2] == 0  # everything else was history
+    assert ranks[2] == n - 1 and ranks[3] == n - 1  # targets in the history: misses
 
 
 def test_filter_history_does_not_modify_input():
     s = torch.randn(2, 5)
     keep = s.clone()
-    out = filter_history(s, torch.tensor([1, 2, 4]), torch.tensor([0, 2, 3]), torch.tensor([2, 0]))
+    out = filter_history(s, torch.tensor([1, 2, 4]), torch.tensor([0, 2, 3]))
     assert torch.equal(s, keep)
-    assert torch.isinf(out[0, 1]) and not torch.isinf(out[0, 2]) and torch.isinf(out[1, 4])
+    assert torch.isinf(out[0, 1]) and torch.isinf(out[0, 2]) and torch.isinf(out[1, 4])
+    assert not torch.isinf(out[0, 0]) and not torch.isinf(out[1, 2])
 
 
 def test_errors():
     with pytest.raises(ValueError, match="targets"):
         target_ranks(torch.zeros(2, 3), torch.tensor([0, 3]))
     with pytest.raises(ValueError, match="history_offsets"):
-        filter_history(torch.zeros(2, 3), torch.tensor([0]), torch.tensor([0, 1]), torch.tensor([0, 1]))
+        filter_history(torch.zeros(2, 3), torch.tensor([0]), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="history"):
-        filter_history(torch.zeros(1, 3), torch.tensor([5]), torch.tensor([0, 1]), torch.tensor([0]))
+        filter_history(torch.zeros(1, 3), torch.tensor([5]), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="ks"):
         RetrievalMetrics([0])
 
@@ -125,7 +126,7 @@ def test_non_finite_scores_are_errors_not_metrics():
     with pytest.raises(NonFiniteScoreError):
         target_ranks(inf, torch.tensor([3, 0]))
     # -inf from history filtering is allowed (those candidates are out), a finite target ranks
-    filt = filter_history(torch.randn(2, 4), torch.tensor([1, 2]), torch.tensor([0, 1, 2]),
-                          torch.tensor([0, 0]))
+    filt = filter_history(torch.randn(2, 4), torch.tensor([1, 2]), torch.tensor([0, 1, 2]))
     assert target_ranks(filt, torch.tensor([0, 0])).shape == (2,)
+    assert target_ranks(filt, torch.tensor([1, 0])).tolist()[0] == 3  # filtered: last
     check_finite_scores(torch.randn(2, 4))

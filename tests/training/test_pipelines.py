@@ -19,12 +19,12 @@ def test_one_table():
 
 
 def test_unknown_name_is_named():
-    with pytest.raises(ValueError, match=r"train.pipeline: 'base' is not one of \['sync'"):
+    with pytest.raises(ValueError, match=r"kind: 'base' is not one of \['sync'"):
         make_pipeline("base", torch.nn.Linear(1, 1), None, torch.device("cpu"))
 
 
 def test_synchronous_kinds_refuse_staleness():
-    with pytest.raises(ValueError, match="staleness=1"):
+    with pytest.raises(ValueError, match="staleness: 1 needs kind='semi_async'"):
         make_pipeline("sparse_dist", torch.nn.Linear(1, 1), None, torch.device("cpu"), 1)
 
 

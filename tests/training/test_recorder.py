@@ -1,4 +1,5 @@
-"""Recorder: log.jsonl lines, a fresh log unless resuming, no files on other ranks; the plot."""
+"""Recorder: log.jsonl lines, a fresh log for a new run, the replayed steps dropped on a resume,
+no files on other ranks; the plot."""
 
 from __future__ import annotations
 
@@ -8,17 +9,27 @@ import os
 from torchrec_ascend.training.recorder import Recorder, plot
 
 
+def _rows(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
 def test_log_lines_fresh_and_resumed(tmp_path):
     rec = Recorder(str(tmp_path), "hstu", enabled=True)
-    rec.log({"step": 1, "loss": 2.5})
+    for step in range(1, 6):
+        rec.log({"step": step, "loss": 2.5 - step / 10})
+    rec.log({"step": 5, "split": "final", "valid": {}, "test": {}})
     rec.scalar("train/loss", 2.5, 1)
     rec.close()
     path = tmp_path / "hstu" / "log.jsonl"
-    assert [json.loads(x) for x in path.read_text().splitlines()] == [{"step": 1, "loss": 2.5}]
-    rec = Recorder(str(tmp_path), "hstu", enabled=True, fresh=False)  # a resumed run appends
-    rec.log({"step": 2, "loss": 2.0})
+    assert [r["step"] for r in _rows(path)] == [1, 2, 3, 4, 5, 5]
+    with open(path, "a") as f:
+        f.write('{"step": 6, "lo')  # the line a kill cut
+    # resumed from the checkpoint of step 3: steps 4..6 and the final rows are trained again
+    rec = Recorder(str(tmp_path), "hstu", enabled=True, start_step=3)
+    rec.log({"step": 4, "loss": 1.0})
     rec.close()
-    assert len(path.read_text().splitlines()) == 2
+    assert [(r["step"], r.get("loss")) for r in _rows(path)] == [
+        (1, 2.4), (2, 2.3), (3, 2.2), (4, 1.0)]
     rec = Recorder(str(tmp_path), "hstu", enabled=True)  # a new run starts over
     rec.close()
     assert not path.exists()

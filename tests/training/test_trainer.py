@@ -17,8 +17,10 @@ from torchrec_ascend import device as _device  # noqa: E402
 from torchrec_ascend.datasets import Sequences  # noqa: E402
 from torchrec_ascend.testing import simulated_npu  # noqa: E402
 from torchrec_ascend.testing.multiprocess import run_multiprocess  # noqa: E402
-from torchrec_ascend.training import Trainer, config_from_dict, leave_two_out  # noqa: E402
-from torchrec_ascend.training.distributed import init_distributed  # noqa: E402
+from torchrec_ascend.training import (RetrievalTask, Trainer, config_from_dict,  # noqa: E402
+                                      leave_two_out)
+from torchrec_ascend.training.console import Console  # noqa: E402
+from torchrec_ascend.training.process_group import init_distributed  # noqa: E402
 
 STEPS = 4
 TOL = 1e-5
@@ -62,10 +64,11 @@ def train_run(out: str, device_type: str = "cpu", kind: str = "hstu", **train) -
     env = init_distributed(device_type)
     track = bool(train.pop("track_versions", False))
     cfg = tiny_config(**train)
-    trainer = Trainer(cfg, leave_two_out(tiny_sequences()), env, out, kind, peak_flops=1e9,
-                      progress=False, log=lambda _m: None, track_versions=track)
+    trainer = Trainer(cfg, RetrievalTask(cfg, leave_two_out(tiny_sequences())), env, out, kind,
+                      peak_flops=1e9, progress=False, console=Console(False),
+                      track_versions=track)
     res = trainer.fit()
-    losses = [v for _, v in trainer.histories[kind]["loss"]]
+    losses = [v for _, v in res["history"]["loss"]]
     ck = os.path.join(out, kind, "checkpoints", f"step_{STEPS:08d}")
     shards = sorted(f for f in os.listdir(ck) if f.endswith(".distcp")) if os.path.isdir(ck) else []
     log = []
@@ -165,11 +168,11 @@ def _warmup_worker(rank: int, world: int, out: str) -> dict:
     def fit(name: str, steps: int, resume: bool = False, **train) -> tuple:
         cfg = tiny_config(dropout=0.0, pipeline="semi_async", staleness=1, steps=steps,
                           **{"sync_warmup_steps": 4, "checkpoint_every": 0, **train})
-        trainer = Trainer(cfg, seqs, env, os.path.join(out, name), "hstu", peak_flops=1e9,
-                          progress=False, log=lambda _m: None, resume=resume,
+        trainer = Trainer(cfg, RetrievalTask(cfg, seqs), env, os.path.join(out, name), "hstu",
+                          peak_flops=1e9, progress=False, console=Console(False), resume=resume,
                           track_versions=True)
-        trainer.fit()
-        return [v for _, v in trainer.histories["hstu"]["loss"]], _versions(trainer.pipeline)
+        res = trainer.fit()
+        return [v for _, v in res["history"]["loss"]], _versions(trainer.pipeline)
 
     full, versions = fit("full", 6)
     no_warmup, _ = fit("none", 6, sync_warmup_steps=0)
@@ -285,8 +288,9 @@ def test_early_stopping_watches_validation(tmp_path, monkeypatch, restore):
     try:
         cfg = tiny_config(steps=6, eval_every=1, early_stopping_patience=2)
         cfg.eval.restore_best = restore
-        trainer = Trainer(cfg, leave_two_out(tiny_sequences()), env, str(tmp_path), "hstu",
-                          peak_flops=1e9, progress=False, log=lambda _m: None)
+        trainer = Trainer(cfg, RetrievalTask(cfg, leave_two_out(tiny_sequences())), env,
+                          str(tmp_path), "hstu", peak_flops=1e9, progress=False,
+                          console=Console(False))
         calls, snapshots = [], []
 
         def fake(which, limit=None):
@@ -319,7 +323,7 @@ SAMPLE_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "examples", 
 
 def _quality_worker(rank: int, world: int, out: str, steps: int) -> dict:
     from torchrec_ascend.training import load_config
-    from torchrec_ascend.training.experiment import prepare_split
+    from torchrec_ascend.training.experiment import prepare_task
 
     torch.set_num_threads(1)
     env = init_distributed("cpu")
@@ -331,11 +335,11 @@ def _quality_worker(rank: int, world: int, out: str, steps: int) -> dict:
     for pipeline, k in (("sync", 0), ("semi_async", 1), ("semi_async", 2)):
         cfg, _ = load_config(SAMPLE_CONFIG, sets + [f"train.pipeline={pipeline}",
                                                     f"train.staleness={k}"])
-        split = split or prepare_split(cfg)
-        trainer = Trainer(cfg, split, env, os.path.join(out, f"k{k}"), "hstu", peak_flops=1e9,
-                          progress=False, log=lambda _m: None)
+        split = split or prepare_task(cfg).split
+        trainer = Trainer(cfg, RetrievalTask(cfg, split), env, os.path.join(out, f"k{k}"), "hstu",
+                          peak_flops=1e9, progress=False, console=Console(False))
         fit = trainer.fit()
-        losses = [v for _, v in trainer.histories["hstu"]["loss"]]
+        losses = [v for _, v in fit["history"]["loss"]]
         res[k] = {"valid": fit["valid"], "losses": losses}
     return res
 

@@ -14,8 +14,10 @@ pytest.importorskip("torchrec")
 from test_trainer import STEPS, TOL, tiny_config, tiny_sequences  # noqa: E402
 
 from torchrec_ascend.testing.multiprocess import run_multiprocess  # noqa: E402
-from torchrec_ascend.training import ConfigError, Trainer, leave_two_out  # noqa: E402
-from torchrec_ascend.training.distributed import init_distributed  # noqa: E402
+from torchrec_ascend.training import (ConfigError, RetrievalTask, Trainer,  # noqa: E402
+                                      leave_two_out)
+from torchrec_ascend.training.console import Console  # noqa: E402
+from torchrec_ascend.training.process_group import init_distributed  # noqa: E402
 
 TWO_D = {"planner": "hierarchical_2d", "batch_size": 2, "dropout": 0.0}
 
@@ -23,7 +25,7 @@ TWO_D = {"planner": "hierarchical_2d", "batch_size": 2, "dropout": 0.0}
 def _fingerprint(trainer: Trainer) -> float:
     """Float64 sum of this rank's piece of the item table (equal on the ranks of one shard's
     replicas when they are in sync)."""
-    from torchrec_ascend.distributed.planner.validation import local_pieces
+    from torchrec_ascend.distributed.planner.collective_bytes import local_pieces
 
     return float(sum(t.double().sum() for pieces in local_pieces(trainer.dmp).values()
                      for _, t in pieces))
@@ -31,11 +33,12 @@ def _fingerprint(trainer: Trainer) -> float:
 
 def _fit(out: str, name: str, steps: int = STEPS, resume: bool = False, **train) -> dict:
     env = init_distributed("cpu")
-    trainer = Trainer(tiny_config(**{"steps": steps, **train}), leave_two_out(tiny_sequences()),
-                      env, os.path.join(out, name), "hstu", peak_flops=1e9, progress=False,
-                      log=lambda _m: None, resume=resume)
+    cfg = tiny_config(**{"steps": steps, **train})
+    trainer = Trainer(cfg, RetrievalTask(cfg, leave_two_out(tiny_sequences())), env,
+                      os.path.join(out, name), "hstu", peak_flops=1e9, progress=False,
+                      console=Console(False), resume=resume)
     res = trainer.fit()
-    return {"losses": [v for _, v in trainer.histories["hstu"]["loss"]], "valid": res["valid"],
+    return {"losses": [v for _, v in res["history"]["loss"]], "valid": res["valid"],
             "fingerprint": _fingerprint(trainer), "synced_at": getattr(trainer.dmp, "synced_at", None),
             "world": env.world_size, "type": type(trainer.dmp).__name__}
 
@@ -124,6 +127,10 @@ def test_two_dim_config_rules():
         tiny_config(planner="hierarchical_2d", replica_merge="max")
     assert tiny_config(planner="hierarchical_2d", sync_every=5).train.sync_every == 5
     from torchrec_ascend.distributed.planner.collection import TwoDimModelParallel
-    from torchrec_ascend.training.config import REPLICA_MERGES
+    from torchrec_ascend.distributed.planner import ReplicaMerge
+    from torchrec_ascend.options import choices
+    from torchrec_ascend.training.config import TrainConfig
 
-    assert REPLICA_MERGES == TwoDimModelParallel.MERGES  # the config's list is the model's
+    # the config's choice list is the model's (one Literal type)
+    assert TrainConfig.__annotations__["replica_merge"] in ("ReplicaMerge", ReplicaMerge)
+    assert choices(ReplicaMerge) == TwoDimModelParallel.MERGES

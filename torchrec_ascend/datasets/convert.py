@@ -264,13 +264,13 @@ def _text_ints(s: pa.Array, is_int: np.ndarray) -> Tuple[np.ndarray, np.ndarray]
 
 
 def _from_int(arr: pa.Array, kind: str) -> Union[np.ndarray, Bad]:
-    v = arr.to_numpy(zero_copy_only=False)
+    raw = v = arr.to_numpy(zero_copy_only=False)
     checks: List[Check] = []
     if arr.type == pa.uint64():
-        big = v > _INT64_MAX
-        checks.append((big, lambda i: f"value {str(int(v[i]))!r}, expected {_EXPECT[kind]} in "
-                                      "the int64 range"))
-        v = np.where(big, 0, v)
+        big = raw > _INT64_MAX  # the message quotes the file's value, not the zeroed one
+        checks.append((big, lambda i: f"value {str(int(raw[i]))!r}, expected {_EXPECT[kind]} "
+                                      "in the int64 range"))
+        v = np.where(big, 0, raw)
     v = v.astype(np.int64)
     out, more = _int_values(v, kind, _shower(None, v))
     bad = _earliest(checks + more)

@@ -6,9 +6,12 @@ size (KuaiRand-27K is 46 GB of CSV):
 1. stream the source's event chunks (int64 user and item keys, time in ms, action byte) and
    append each event as a 25-byte record to one of ``num_buckets`` spill files chosen by
    ``user key mod P``; collect the distinct keys;
-2. per bucket: load it (about ``rows / P`` records), map keys to their final ids, sort by
-   ``(user, time_ms)`` (stable, so events of one user with the same millisecond keep file
-   order), map items to dense ``[0, n)`` indices, and write into preallocated ``.npy`` maps.
+2. per bucket: load it (about ``rows / P`` records), map keys to their final ids, drop exact
+   duplicates (a row whose user, item and time all equal an earlier row's: the first row in
+   file order is kept, its action bits too; the count is ``duplicates_dropped`` in meta.json;
+   the same item at another time is a repeat, kept), sort by ``(user, time_ms)`` (stable, so
+   events of one user with the same millisecond keep file order), map items to dense
+   ``[0, n)`` indices, and write into preallocated ``.npy`` maps.
 
 Integer ids are their own keys: dense item index = rank of the raw id.  Text ids (a table's
 ``id_type="str"``) arrive as first-appearance codes with the source's vocabulary; their final id
@@ -42,10 +45,11 @@ import pyarrow.compute as pc
 
 from .csv_stream import DEFAULT_BLOCK_SIZE, check_file
 from .errors import DataError
+from .ragged import offsets_of
 from .reader import iter_log_chunks
 from .schema import ACTION_BITS, PositiveRule
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: exact duplicate rows dropped
 _RECORD = np.dtype([("u", "<i8"), ("v", "<i8"), ("t", "<i8"), ("a", "u1")])
 EventChunk = Dict[str, np.ndarray]  # "user", "item" int64 keys, "time_ms" int64, "actions" uint8
 
@@ -201,7 +205,8 @@ def build_cache(source: EventSource, out_dir: str, num_buckets: int = 32,
             raise ValueError(f"{len(item_ids)} distinct items: more than int32 item indices hold")
         tmp_out = os.path.join(work, "cache")
         os.makedirs(tmp_out)
-        uo, offsets = _sort_buckets(bucket_paths, tmp_out, rows, item_keys, user_rank, item_rank)
+        uo, offsets, dropped = _sort_buckets(bucket_paths, tmp_out, rows, item_keys, user_rank,
+                                             item_rank)
         np.save(os.path.join(tmp_out, "user_ids.npy"), uo)
         np.save(os.path.join(tmp_out, "user_offsets.npy"), offsets)
         np.save(os.path.join(tmp_out, "item_ids.npy"), item_ids)
@@ -211,7 +216,8 @@ def build_cache(source: EventSource, out_dir: str, num_buckets: int = 32,
         secs = time.perf_counter() - t0
         stats = PreprocessStats(rows, len(uo), len(item_ids), secs, peak_rss_mb())
         meta = {"version": CACHE_VERSION, "files": [os.path.abspath(p) for p in source.files],
-                "rows": rows, "users": len(uo), "items": len(item_ids),
+                "rows": rows, "duplicates_dropped": dropped, "users": len(uo),
+                "items": len(item_ids),
                 "seconds": secs, "rows_per_s": stats.rows_per_s,
                 "peak_rss_mb": stats.peak_rss_mb, "num_buckets": num_buckets, **source.meta}
         with open(os.path.join(tmp_out, "meta.json"), "w") as f:
@@ -254,10 +260,34 @@ def _spill(source: EventSource, bucket_paths: Sequence[str], progress: bool
     return rows, users, items
 
 
+def _first_of_duplicates(u: np.ndarray, rec: np.ndarray) -> np.ndarray:
+    """Indices (ascending: file order) of the records to keep: all but the later rows of each
+    group of equal (user, item, time)."""
+    n = len(rec)
+    order = np.lexsort((np.arange(n), rec["v"], rec["t"], u))  # file order inside a group
+    same = np.zeros(n, dtype=bool)
+    same[1:] = ((u[order[1:]] == u[order[:-1]]) & (rec["t"][order[1:]] == rec["t"][order[:-1]])
+                & (rec["v"][order[1:]] == rec["v"][order[:-1]]))
+    return np.sort(order[~same])
+
+
+def _truncate_npy(path: str, n: int, chunk: int = 1 << 24) -> None:
+    """Keep the first ``n`` entries of a 1-D ``.npy`` file (copied in chunks: bounded memory)."""
+    src = np.load(path, mmap_mode="r")
+    tmp = path + ".tmp.npy"
+    dst = np.lib.format.open_memmap(tmp, "w+", src.dtype, (n,))
+    for i in range(0, n, chunk):
+        dst[i:i + chunk] = src[i:min(i + chunk, n)]
+    dst.flush()
+    del src, dst
+    os.replace(tmp, path)
+
+
 def _sort_buckets(bucket_paths: Sequence[str], out: str, rows: int, item_keys: np.ndarray,
                   user_rank: Optional[np.ndarray], item_rank: Optional[np.ndarray]
-                  ) -> Tuple[np.ndarray, np.ndarray]:
-    """Pass 2: per bucket, final ids, sort by (user, time), write; user ids and offsets."""
+                  ) -> Tuple[np.ndarray, np.ndarray, int]:
+    """Pass 2: per bucket, final ids, duplicates dropped, sort by (user, time), write; user ids,
+    offsets and the number of dropped rows (the files are truncated to the kept rows)."""
     mm = np.lib.format.open_memmap
     items_mm = mm(os.path.join(out, "items.npy"), "w+", np.int32, (rows,))
     times_mm = mm(os.path.join(out, "times.npy"), "w+", np.int64, (rows,))
@@ -271,6 +301,8 @@ def _sort_buckets(bucket_paths: Sequence[str], out: str, rows: int, item_keys: n
         if len(rec) == 0:
             continue
         u = rec["u"] if user_rank is None else user_rank[rec["u"]]
+        keep = _first_of_duplicates(u, rec)
+        rec, u = rec[keep], u[keep]
         order = np.lexsort((rec["t"], u))  # stable; primary key last
         rec, u = rec[order], u[order]
         n = len(rec)
@@ -287,10 +319,11 @@ def _sort_buckets(bucket_paths: Sequence[str], out: str, rows: int, item_keys: n
     for a in (items_mm, times_mm, acts_mm):
         a.flush()
     del items_mm, times_mm, acts_mm
+    if pos < rows:  # duplicates dropped: keep the first ``pos`` entries of each array
+        for name in ("items", "times", "actions"):
+            _truncate_npy(os.path.join(out, f"{name}.npy"), pos)
     uo = np.concatenate(user_order)
-    offsets = np.zeros(len(uo) + 1, dtype=np.int64)
-    np.cumsum(np.concatenate(lengths), out=offsets[1:])
-    return uo, offsets
+    return uo, offsets_of(np.concatenate(lengths)), rows - pos
 
 
 @dataclass
@@ -312,6 +345,8 @@ class Sequences:
     action_names: Tuple[str, ...] = tuple(ACTION_BITS)
     item_vocab: Optional[pa.Array] = None
     user_vocab: Optional[pa.Array] = None
+    source: str = ""
+    duplicates_dropped: int = 0
 
     @property
     def num_users(self) -> int:
@@ -382,13 +417,17 @@ class EventLog:
         user_keep = per_user >= min_len
         ev_user = np.repeat(user_keep, np.diff(self.user_offsets))
         sel = keep & ev_user
-        lens = per_user[user_keep]
-        offsets = np.zeros(len(lens) + 1, dtype=np.int64)
-        np.cumsum(lens, out=offsets[1:])
+        offsets = offsets_of(per_user[user_keep])
         return Sequences(np.asarray(self.items)[sel].astype(np.int64),
                          np.asarray(self.times)[sel], acts[sel], offsets,
                          np.asarray(self.user_ids)[user_keep], self.num_items, names,
-                         self.item_vocab, self.user_vocab)
+                         self.item_vocab, self.user_vocab, self.source,
+                         int(self.meta.get("duplicates_dropped", 0)))
+
+    @property
+    def source(self) -> str:
+        """The input files, for messages."""
+        return ", ".join(self.meta.get("files", [])) or "data"
 
 
 # -- KuaiRand -------------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -25,21 +25,24 @@ from .csv_stream import COMPRESSED, DEFAULT_BLOCK_SIZE, CsvHeader, CsvReader, ch
 from .errors import DataError
 from .parquet_stream import DEFAULT_BATCH_ROWS, check_parquet_columns, iter_parquet, open_parquet
 from .preprocess import EventChunk, EventLog, Sequences, build_cache, cache_key, expand_paths
+from ..options import Key, OptionError, check_choice, choices, prefixed
 from .schema import PositiveRule
 
-FORMATS = ("csv", "tsv", "parquet")
-TIME_UNITS = ("s", "ms")
-ID_TYPES = ("auto", "int", "str")
+TableFormat = Literal["csv", "tsv", "parquet"]
+FORMATS = choices(TableFormat)
+TimeUnit = Literal["s", "ms"]
+TIME_UNITS = choices(TimeUnit)
+IdType = Literal["auto", "int", "str"]
+ID_TYPES = choices(IdType)
 _EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".parquet": "parquet",
                ".pq": "parquet", ".parq": "parquet"}
 _AUTO_INT = re.compile(r"^[+-]?(0|[1-9][0-9]*)(\.0*)?$")  # no leading zero: "007" is text
 
 
-@dataclass(frozen=True)
-class TableSpec:
-    """Where a table of interactions is and how to read it.
+@dataclass
+class TableOptions:
+    """How to read a table of interactions (the trainer's ``data`` section embeds these fields).
 
-    files: paths or glob patterns (sorted expansion), read in order; a single path is accepted.
     user_col / item_col / time_col: column names (defaults ``user_id``, ``item_id``,
     ``timestamp``).  time_unit: ``"s"`` or ``"ms"`` for numeric times (integers exact, decimals
     rounded to the nearest ms; Parquet timestamp / date columns carry their own unit).
@@ -48,67 +51,79 @@ class TableSpec:
     tell each file's format by its extension (``.csv``, ``.tsv`` / ``.tab``, ``.parquet`` /
     ``.pq``, optionally compressed ``.gz`` / ``.bz2`` / ``.zst`` / ``.lz4`` for text).
     action_cols: up to 8 columns of 0/1 values, column ``action_cols[i]`` = bit ``1 << i`` of the
-    action byte.  positive: which rows are positives, ``{"any_of": [...], "none_of": [...]}``
-    over ``action_cols`` (or a :class:`PositiveRule` with those ``action_names``); None: every
-    row.  id_type: ``"int"`` (ids are integers), ``"str"`` (ids are text, e.g. Amazon ASINs,
-    mapped to dense indices through a cached vocabulary), or ``"auto"``: per id column, by the
-    Parquet column type, or for CSV / TSV by the first data row's value (an integer without a
-    leading zero: integer ids; anything else: text).
+    action byte (for ranking: the label columns).  positive: which rows are positives,
+    ``{"any_of": [...], "none_of": [...]}`` over ``action_cols`` (or a :class:`PositiveRule`
+    with those ``action_names``); None: every row.  id_type: ``"int"`` (ids are integers),
+    ``"str"`` (ids are text, e.g. Amazon ASINs, mapped to dense indices through a cached
+    vocabulary), or ``"auto"``: per id column, by the Parquet column type, or for CSV / TSV by
+    the first data row's value (an integer without a leading zero: integer ids; anything else:
+    text).
     """
 
-    files: Sequence[str]
     user_col: str = "user_id"
     item_col: str = "item_id"
     time_col: str = "timestamp"
-    time_unit: str = "s"
+    time_unit: TimeUnit = "s"
     sep: Optional[str] = None
-    format: Optional[str] = None
-    action_cols: Sequence[str] = ()
-    positive: Optional[Union[PositiveRule, Mapping[str, Sequence[str]]]] = None
-    id_type: str = "auto"
+    format: Optional[TableFormat] = None
+    action_cols: List[str] = field(default_factory=list)
+    positive: Optional[Dict[str, List[str]]] = None
+    id_type: IdType = "auto"
 
-    def __post_init__(self) -> None:
-        files = self.files
-        if isinstance(files, (str, os.PathLike)):
-            files = [files]
-        if not isinstance(files, (list, tuple)) or not files:
-            raise ValueError(f"TableSpec.files: expected a non-empty list of paths, got {files!r}")
-        for f in files:
-            if not isinstance(f, (str, os.PathLike)) or not str(f):
-                raise ValueError(f"TableSpec.files: {f!r} is not a path")
-        object.__setattr__(self, "files", tuple(os.fspath(f) for f in files))
+    def check_options(self, key: Key = prefixed("TableSpec")) -> Optional[PositiveRule]:
+        """Every rule of the options (:class:`OptionError` naming the key); returns the
+        positive rule as a :class:`PositiveRule` (None: every row is positive)."""
         for name in ("user_col", "item_col", "time_col"):
             v = getattr(self, name)
             if not isinstance(v, str) or not v:
-                raise ValueError(f"TableSpec.{name}: expected a column name, got {v!r}")
-        if self.time_unit not in TIME_UNITS:
-            raise ValueError(f"TableSpec.time_unit: {self.time_unit!r} is not one of "
-                             f"{list(TIME_UNITS)}")
-        if self.format is not None and self.format not in FORMATS:
-            raise ValueError(f"TableSpec.format: {self.format!r} is not one of {list(FORMATS)} "
-                             "or None (by extension)")
+                raise OptionError(key(name), f"expected a column name, got {v!r}")
+        check_choice(key("time_unit"), self.time_unit, TimeUnit)
+        if self.format is not None:
+            check_choice(key("format"), self.format, TableFormat)
         if self.sep is not None:
             if not isinstance(self.sep, str) or len(self.sep) != 1 or self.sep in '"\r\n':
-                raise ValueError(f"TableSpec.sep: expected one character other than a quote or "
-                                 f"a line break, or None (auto-detect), got {self.sep!r}")
+                raise OptionError(key("sep"), f"expected one character other than a quote or a "
+                                              f"line break, or None (auto-detect), got {self.sep!r}")
             if self.format == "parquet":
-                raise ValueError("TableSpec.sep: Parquet files have no separator")
-        if self.id_type not in ID_TYPES:
-            raise ValueError(f"TableSpec.id_type: {self.id_type!r} is not one of {list(ID_TYPES)}")
+                raise OptionError(key("sep"), "Parquet files have no separator")
+        check_choice(key("id_type"), self.id_type, IdType)
         acts = self.action_cols
         if isinstance(acts, str) or not all(isinstance(a, str) and a for a in acts):
-            raise ValueError(f"TableSpec.action_cols: expected a list of column names, got {acts!r}")
-        acts = tuple(acts)
+            raise OptionError(key("action_cols"), f"expected a list of column names, got {acts!r}")
         if len(acts) > 8:
-            raise ValueError(f"TableSpec.action_cols: at most 8 (one byte of action bits), got "
-                             f"{len(acts)}")
+            raise OptionError(key("action_cols"), f"at most 8 (one byte of action bits), got "
+                                                  f"{len(acts)}")
         cols = [self.user_col, self.item_col, self.time_col, *acts]
         dup = sorted({c for c in cols if cols.count(c) > 1})
         if dup:
-            raise ValueError(f"TableSpec: column(s) {dup} named twice (user_col, item_col, "
-                             "time_col and action_cols must be distinct)")
-        object.__setattr__(self, "action_cols", acts)
-        object.__setattr__(self, "positive", _rule(self.positive, acts))
+            raise OptionError(key(""), f"column(s) {dup} named twice (user_col, item_col, "
+                                       "time_col and action_cols must be distinct)")
+        return _rule(self.positive, tuple(acts), key)
+
+
+
+@dataclass(init=False)
+class TableSpec(TableOptions):
+    """Where a table of interactions is (``files``) and how to read it (:class:`TableOptions`).
+
+    files: paths or glob patterns (sorted expansion), read in order; a single path is accepted.
+    Construction checks every option (``ValueError`` ``"TableSpec.<field>: <rule>"``) and
+    stores ``positive`` as a :class:`PositiveRule` (or None)."""
+
+    files: Tuple[str, ...] = ()
+
+    def __init__(self, files: Union[str, os.PathLike, Sequence[str]], **options: Any) -> None:
+        super().__init__(**options)
+        if isinstance(files, (str, os.PathLike)):
+            files = [files]
+        if not isinstance(files, (list, tuple)) or not files:
+            raise OptionError("TableSpec.files", f"expected a non-empty list of paths, got {files!r}")
+        for f in files:
+            if not isinstance(f, (str, os.PathLike)) or not str(f):
+                raise OptionError("TableSpec.files", f"{f!r} is not a path")
+        self.files = tuple(os.fspath(f) for f in files)
+        self.positive = self.check_options()  # type: ignore[assignment]
+        self.action_cols = tuple(self.action_cols)  # type: ignore[assignment]
 
     @property
     def kinds(self) -> Dict[str, str]:
@@ -118,11 +133,11 @@ class TableSpec:
         return k
 
 
-def _rule(positive: Any, acts: Tuple[str, ...]) -> Optional[PositiveRule]:
+def _rule(positive: Any, acts: Tuple[str, ...], key: Key) -> Optional[PositiveRule]:
     if positive is None:
         return None
     if not acts:
-        raise ValueError("TableSpec.positive: needs action_cols (the rule names action columns)")
+        raise OptionError(key("positive"), f"a positive rule needs {key('action_cols')}")
     try:
         if isinstance(positive, PositiveRule):
             if positive.action_names and positive.action_names != acts:
@@ -131,7 +146,7 @@ def _rule(positive: Any, acts: Tuple[str, ...]) -> Optional[PositiveRule]:
             return PositiveRule(positive.any_of, positive.none_of, acts)
         return PositiveRule.from_config(positive, acts)
     except ValueError as e:
-        raise ValueError(f"TableSpec.positive: {e}") from None
+        raise OptionError(key("positive"), str(e)) from None
 
 
 def file_format(path: str, fmt: Optional[str]) -> str:

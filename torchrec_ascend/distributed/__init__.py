@@ -15,7 +15,7 @@ from .gates import GATES, gate_status, open_gates
 
 open_gates()
 
-from .semi_async import DistributedModelParallel  # noqa: E402
+from .model_parallel import DistributedModelParallel  # noqa: E402
 from .train_pipeline import make_train_pipeline  # noqa: E402
 from torchrec.distributed.embedding import EmbeddingCollectionSharder  # noqa: E402
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder  # noqa: E402

@@ -1,8 +1,11 @@
 """Full-corpus retrieval metrics with history filtering: HR@K, NDCG@K, MRR.
 
 For each query the model scores every item; the items of the user's history are removed from the
-candidates (set to ``-inf``) **except the target itself** (a user may re-consume an item; removing
-it would make the query unanswerable).  The target's 0-based rank is **pessimistic**:
+candidates (set to ``-inf``) **before the target is known**, the target included when the user
+consumed it before (Meta's reference protocol: keeping a re-consumed target while masking every
+other history item would tell the ranking which history item is the answer).  Such a target is a
+miss: it ranks below every remaining candidate.  Otherwise the target's 0-based rank is
+**pessimistic**:
 
 ``rank = #{other candidates scoring higher or equal}``
 
@@ -29,9 +32,10 @@ from ..ops.validation import check_offsets, check_tensor
 DEFAULT_KS: Tuple[int, ...] = (10, 50, 200)
 
 
-def filter_history(scores: torch.Tensor, history: torch.Tensor, history_offsets: torch.Tensor,
-                   targets: torch.Tensor) -> torch.Tensor:
-    """Copy of ``scores`` [B, N] with each row's history items set to ``-inf`` (targets kept)."""
+def filter_history(scores: torch.Tensor, history: torch.Tensor,
+                   history_offsets: torch.Tensor) -> torch.Tensor:
+    """Copy of ``scores`` [B, N] with each row's history items set to ``-inf`` (a target among
+    them too: module docstring)."""
     check_tensor("scores", scores, dim=2)
     check_tensor("history", history, dim=1, dtypes=(torch.int32, torch.int64))
     check_offsets("history_offsets", history_offsets, history.numel(), validate=True)
@@ -40,15 +44,10 @@ def filter_history(scores: torch.Tensor, history: torch.Tensor, history_offsets:
         raise ValueError(f"history_offsets: expected {b + 1} entries (B + 1), got {history_offsets.numel()}")
     if history.numel() and (int(history.min()) < 0 or int(history.max()) >= n):
         raise ValueError(f"history: item ids must be in [0, {n})")
-    check_tensor("targets", targets, dim=1, dtypes=(torch.int32, torch.int64))
-    if targets.numel() != b:
-        raise ValueError(f"targets: expected {b} entries, got {targets.numel()}")
     out = scores.clone()
     rows = torch.repeat_interleave(torch.arange(b, device=scores.device),
                                    history_offsets[1:] - history_offsets[:-1])
-    tgt_scores = scores.gather(1, targets.view(-1, 1).long())
     out[rows, history.long()] = float("-inf")
-    out.scatter_(1, targets.view(-1, 1).long(), tgt_scores)
     return out
 
 
@@ -79,7 +78,8 @@ def check_finite_scores(scores: torch.Tensor, users: Optional[Sequence[int]] = N
 
 def target_ranks(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """0-based pessimistic rank of ``targets`` [B] in each row of ``scores`` [B, N]: the number of
-    other candidates scoring higher or equal (``-inf`` entries are filtered candidates)."""
+    other candidates scoring higher or equal (``-inf`` entries are filtered candidates; a
+    filtered target ranks after every other candidate)."""
     check_tensor("scores", scores, dim=2)
     check_tensor("targets", targets, dim=1, dtypes=(torch.int32, torch.int64))
     b, n = scores.shape
@@ -92,10 +92,13 @@ def target_ranks(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         raise NonFiniteScoreError(None, row, None, float("nan"))
     t = targets.long().view(-1, 1)
     s_t = scores.gather(1, t)
-    if not bool(torch.isfinite(s_t).all()):
-        row = int((~torch.isfinite(s_t)).flatten().nonzero()[0])
+    bad = torch.isnan(s_t) | (s_t == float("inf"))
+    if bool(bad.any()):
+        row = int(bad.flatten().nonzero()[0])
         raise NonFiniteScoreError(None, row, None, float(s_t[row]))
-    return (scores >= s_t).sum(1) - 1  # the target itself is the one equal entry not counted
+    # the target itself is the one equal entry not counted; a filtered (-inf) target ties with
+    # every filtered candidate, so every other candidate counts
+    return (scores >= s_t).sum(1) - 1
 
 
 class RetrievalMetrics:

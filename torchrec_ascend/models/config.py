@@ -13,12 +13,16 @@ and never change (docs/training.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
-__all__ = ["ModelConfig", "ENCODERS", "NORMALIZATIONS", "padded_dim"]
+from ..ops.hstu import NORMALIZATIONS, Normalization
+from ..options import Key, OptionError, choices, option
 
-ENCODERS = ("hstu", "sasrec")
-NORMALIZATIONS = ("max_len", "seq_len")
+__all__ = ["ModelConfig", "Encoder", "ENCODERS", "NORMALIZATIONS", "padded_dim"]
+
+Encoder = Literal["hstu", "sasrec"]
+"""The sequence encoders: HSTU, or the SASRec baseline."""
+ENCODERS = choices(Encoder)
 
 
 def padded_dim(dim: int, multiple: int = 4) -> int:
@@ -42,20 +46,26 @@ class ModelConfig:
     4 D).
     """
 
-    embedding_dim: int = 64
-    num_layers: int = 2
-    num_heads: int = 2
-    attention_dim: int = 32
-    linear_dim: int = 32
-    max_seq_len: int = 100
-    dropout: float = 0.2
-    normalization: str = "max_len"
+    embedding_dim: int = option(64, min=1)
+    num_layers: int = option(2, min=1)
+    num_heads: int = option(2, min=1)
+    attention_dim: int = option(32, min=1)
+    linear_dim: int = option(32, min=1)
+    max_seq_len: int = option(100, min=2)
+    dropout: float = option(0.2, min=0.0, below=1.0)
+    normalization: Normalization = "max_len"
     use_time_bias: bool = True
     use_actions: bool = True
-    attn_alpha: Optional[float] = None
-    num_time_buckets: int = 128
-    sasrec_heads: Optional[int] = None
-    sasrec_ffn_dim: Optional[int] = None
+    attn_alpha: Optional[float] = option(None, gt=0.0, finite=True)
+    num_time_buckets: int = option(128, min=1)
+    sasrec_heads: Optional[int] = option(None, min=1)
+    sasrec_ffn_dim: Optional[int] = option(None, min=1)
+
+    def check(self, encoders: tuple = ("hstu",), key: Key = str) -> None:
+        """The rules across fields for the ``encoders`` to be built (:class:`OptionError`)."""
+        if "sasrec" in encoders and self.embedding_dim % self.sasrec_num_heads:
+            raise OptionError(key("sasrec_heads"), f"{self.sasrec_num_heads} heads do not divide "
+                                                   f"{key('embedding_dim')}={self.embedding_dim}")
 
     @property
     def table_dim(self) -> int:

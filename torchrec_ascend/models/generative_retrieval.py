@@ -25,6 +25,7 @@ from torch import nn
 from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
 
 from ..datasets.schema import ACTION_BITS
+from ..distributed.sharded_state import local_pieces
 from ..metrics.flops import sampled_softmax_flops
 from ..modules.hstu import HSTUEncoder
 from ..sampling import NegativeSample, SampledSoftmaxLoss
@@ -58,23 +59,6 @@ def item_kjt(items: torch.Tensor, lengths: torch.Tensor,
         lengths=torch.cat([lengths, neg_len]))
 
 
-def _local_pieces(value: object):
-    """(row offset, column offset, tensor) of each local piece of a (sharded) weight: a
-    ShardedTensor's local shards, a DTensor's (2-D parallelism: TorchRec's LocalShardsWrapper,
-    whose offsets are global), or a plain tensor whole."""
-    if hasattr(value, "local_shards"):
-        return [(int(sh.metadata.shard_offsets[0]), int(sh.metadata.shard_offsets[1]), sh.tensor)
-                for sh in value.local_shards()]  # type: ignore[attr-defined]
-    if hasattr(value, "to_local"):
-        local = value.to_local()  # type: ignore[attr-defined]
-        if not hasattr(local, "local_offsets"):
-            raise ValueError(f"model: a DTensor table whose local tensor is a "
-                             f"{type(local).__name__}, not TorchRec's LocalShardsWrapper")
-        return [(int(o[0]), int(o[1]), t) for o, t in zip(local.local_offsets(),
-                                                          local.local_shards()) if t.numel()]
-    return [(0, 0, value)]
-
-
 @torch.no_grad()
 def init_item_table(model: nn.Module, num_items: int, dim: int, seed: int,
                     block_rows: int = 4096) -> None:
@@ -91,7 +75,11 @@ def init_item_table(model: nn.Module, num_items: int, dim: int, seed: int,
         raise ValueError(f"model: no {TABLE} weight in its state dict")
     num_rows = int(num_items)
     bound = (1.0 / num_rows) ** 0.5
-    for r0, c0, t in _local_pieces(weight):
+    pieces = local_pieces(weight)
+    if pieces is None:
+        raise ValueError(f"model: a DTensor table whose local tensor is a "
+                         f"{type(weight.to_local()).__name__}, not TorchRec's LocalShardsWrapper")
+    for (r0, c0), t in pieces:
         rows = t.shape[0]
         for k in range(r0 // block_rows, (r0 + rows + block_rows - 1) // block_rows):
             g = torch.Generator().manual_seed(int(seed) * 1_000_003 + k)

@@ -25,18 +25,21 @@ Semantics (one sequence of length ``n``, one head; see docs/hstu.md)::
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 
 from .. import device as _device
+from ..options import choices
 from . import extension, validation
 from .specs import hstu as _specs
 
-__all__ = ["hstu_mha", "NORMALIZATIONS"]  # cpu_bf16_gemm: a backend switch, not an op
+__all__ = ["hstu_mha", "Normalization", "NORMALIZATIONS"]  # cpu_bf16_gemm: a backend switch
 
 _ops = torch.ops.torchrec_ascend
-NORMALIZATIONS = ("max_len", "seq_len")
+Normalization = Literal["max_len", "seq_len"]
+"""HSTU's attention normaliser: divide by ``max_seq_len`` (the paper's) or each sequence's length."""
+NORMALIZATIONS = choices(Normalization)
 
 _specs.register_all()
 

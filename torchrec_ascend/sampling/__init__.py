@@ -36,12 +36,14 @@ from __future__ import annotations
 from .loss import MASKED_LOGIT, SampledSoftmaxLoss, sampled_softmax_loss
 from .offload import AsyncNegativePrefetcher, PrefetchedNegatives, step_generator
 from .quant import HALF_DTYPES, QuantizedRows, half_gemm_is_fast, half_logits, quantize_rows
-from .samplers import (SAMPLER_NAMES, InBatchSampler, MixedSampler, NegativeSample,
-                       NegativeSampler, PopularitySampler, UniformSampler, make_sampler)
+from .samplers import (NEGATIVES_MODES, SAMPLER_NAMES, InBatchSampler, MixedSampler,
+                       NegativesMode, NegativeSample, NegativeSampler, PopularitySampler,
+                       SamplerName, UniformSampler, make_sampler)
 
 __all__ = [
     "NegativeSample", "NegativeSampler", "UniformSampler", "InBatchSampler", "MixedSampler",
-    "PopularitySampler", "SAMPLER_NAMES", "make_sampler",
+    "PopularitySampler", "SamplerName", "SAMPLER_NAMES", "NegativesMode", "NEGATIVES_MODES",
+    "make_sampler",
     "SampledSoftmaxLoss", "sampled_softmax_loss", "MASKED_LOGIT",
     "HALF_DTYPES", "QuantizedRows", "quantize_rows", "half_logits", "half_gemm_is_fast",
     "AsyncNegativePrefetcher", "PrefetchedNegatives", "step_generator",

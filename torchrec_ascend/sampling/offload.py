@@ -32,7 +32,7 @@ from typing import (Callable, Deque, Iterable, Iterator, Optional, Tuple, TypeVa
 import torch
 
 from .. import device as _device
-from .samplers import NegativeSample, NegativeSampler, _check_count
+from .samplers import NegativeSample, NegativeSampler, check_count
 
 __all__ = ["PrefetchedNegatives", "AsyncNegativePrefetcher", "step_generator"]
 
@@ -108,9 +108,9 @@ class AsyncNegativePrefetcher:
                                  ">= 1, got 0")
             self.num_negatives = 0  # per-token negatives only
         else:
-            self.num_negatives = _check_count("num_negatives", num_negatives)
+            self.num_negatives = check_count("num_negatives", num_negatives)
         self.per_token_negatives = per_token_negatives
-        self.max_pending = _check_count("max_pending", max_pending)
+        self.max_pending = check_count("max_pending", max_pending)
         self.lookup_fn = lookup_fn
         self.seed = int(seed)
         self.device = torch.device(device) if device is not None else _device.default_device()

@@ -28,11 +28,12 @@ from __future__ import annotations
 import abc
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
+from typing import Callable, Dict, Literal, Optional, Tuple, Union
 
 import torch
 
 from ..ops.validation import INDEX_DTYPES, check_tensor
+from ..options import check_choice, choices
 
 __all__ = [
     "NegativeSample",
@@ -41,7 +42,10 @@ __all__ = [
     "InBatchSampler",
     "PopularitySampler",
     "MixedSampler",
+    "SamplerName",
     "SAMPLER_NAMES",
+    "NegativesMode",
+    "NEGATIVES_MODES",
     "make_sampler",
 ]
 
@@ -92,7 +96,7 @@ def _check_num_items(num_items: int) -> int:
     return num_items
 
 
-def _check_count(name: str, n: int) -> int:
+def check_count(name: str, n: int) -> int:
     if isinstance(n, bool) or not isinstance(n, int):
         raise ValueError(f"{name}: expected an int, got {type(n).__name__}")
     if n <= 0:
@@ -131,14 +135,14 @@ class NegativeSampler(abc.ABC):
             generator: the source of randomness (``None``: torch's default generator).
         """
         pos_ids = self._check_pos(pos_ids)
-        _check_count("num_negatives", num_negatives)
+        check_count("num_negatives", num_negatives)
         return self._sample(pos_ids, num_negatives, generator)
 
     def sample_per_token(self, pos_ids: torch.Tensor, num_negatives: int,
                          generator: Optional[torch.Generator] = None) -> NegativeSample:
         """``num_negatives`` = K ids for every token: ``ids`` is ``[T, K]``."""
         pos_ids = self._check_pos(pos_ids)
-        _check_count("num_negatives", num_negatives)
+        check_count("num_negatives", num_negatives)
         return self._sample_per_token(pos_ids, num_negatives, generator)
 
     # -- implementations ---------------------------------------------------------------------
@@ -407,26 +411,38 @@ class MixedSampler(NegativeSampler):
         return NegativeSample(ids, lq(ids), lq(pos_ids))
 
 
-SAMPLER_NAMES = ("uniform", "in_batch", "mixed", "popularity")
+SamplerName = Literal["uniform", "in_batch", "mixed", "popularity"]
+"""The samplers :func:`make_sampler` builds by name (``train.sampler``)."""
+SAMPLER_NAMES = choices(SamplerName)
+
+NegativesMode = Literal["shared", "per_position"]
+"""How a training step draws negatives (``train.negatives``): one pool shared by every query of
+the step, or ``num_negatives`` drawn for each query position on its own (Meta's reference)."""
+NEGATIVES_MODES = choices(NegativesMode)
 
 
-def make_sampler(name: str, num_items: int, counts: Optional[torch.Tensor] = None,
+def _popularity(num_items: int, counts: Optional[torch.Tensor], **kwargs: object) -> NegativeSampler:
+    if counts is None:
+        raise ValueError("counts: the popularity sampler needs item counts")
+    if counts.numel() != num_items:
+        raise ValueError(f"counts: expected {num_items} entries (num_items), got {counts.numel()}")
+    return PopularitySampler(counts, **kwargs)
+
+
+_BUILDERS: Dict[str, Callable[..., NegativeSampler]] = {
+    "uniform": lambda n, counts, **kw: UniformSampler(n, **kw),
+    "in_batch": lambda n, counts, **kw: InBatchSampler(n, counts=counts, **kw),
+    "mixed": lambda n, counts, **kw: MixedSampler(n, counts=counts, **kw),
+    "popularity": _popularity,
+}
+
+
+def make_sampler(name: SamplerName, num_items: int, counts: Optional[torch.Tensor] = None,
                  **kwargs: object) -> NegativeSampler:
-    """Build a sampler by name (``uniform``, ``in_batch``, ``mixed``, ``popularity``).
+    """Build a sampler by name (:data:`SAMPLER_NAMES`).
 
     ``counts`` (item frequencies) is required for ``popularity`` and optional for the in-batch
     based samplers; ``kwargs`` go to the sampler's constructor.
     """
-    if name == "uniform":
-        return UniformSampler(num_items, **kwargs)
-    if name == "in_batch":
-        return InBatchSampler(num_items, counts=counts, **kwargs)
-    if name == "mixed":
-        return MixedSampler(num_items, counts=counts, **kwargs)
-    if name == "popularity":
-        if counts is None:
-            raise ValueError("counts: the popularity sampler needs item counts")
-        if counts.numel() != num_items:
-            raise ValueError(f"counts: expected {num_items} entries (num_items), got {counts.numel()}")
-        return PopularitySampler(counts, **kwargs)
-    raise ValueError(f"name: unknown sampler {name!r}; expected one of {', '.join(SAMPLER_NAMES)}")
+    check_choice("name", name, SamplerName)
+    return _BUILDERS[name](num_items, counts, **kwargs)

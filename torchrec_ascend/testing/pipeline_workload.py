@@ -34,6 +34,8 @@ from torchrec.optim.keyed import KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.streamable import Pipelineable
 
+from ..distributed.sharded_state import local_pieces
+
 from torchrec_ascend.distributed import DistributedModelParallel, make_train_pipeline
 from . import torchrec_workload as W
 
@@ -51,7 +53,7 @@ def build(dmp: str, sharding: str, staleness: int, device: torch.device):
     planner = EmbeddingShardingPlanner(
         topology=Topology(world_size=world, compute_device=device.type,
                           local_world_size=get_local_size(world)),
-        constraints=W._constraints(sharding))
+        constraints=W.constraints_for(sharding))
     sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
     plan = planner.collective_plan(model, sharders, torch.distributed.GroupMember.WORLD)
     if dmp == "torchrec":
@@ -88,7 +90,7 @@ def state(model) -> Dict[str, List[Tuple[List[int], torch.Tensor]]]:
     out = {}
     for key, value in model.state_dict().items():
         out[key.replace("module.", "")] = [(o, t.detach().cpu().clone())
-                                           for o, t in W._local_pieces(value)]
+                                           for o, t in local_pieces(value)]
     return out
 
 
@@ -102,7 +104,7 @@ def run(run: Run, device: torch.device = torch.device("cpu"), **pipeline_kw: Any
     losses = W.progress_losses(pipe, iter([W.make_batch(rank, s) for s in range(steps)]))
     out = {"losses": losses, "state": state(model),
            "devices": sorted({t.device.type for v in model.state_dict().values()
-                              for _, t in W._local_pieces(v)})}
+                              for _, t in local_pieces(v)})}
     versions = getattr(pipe, "versions", None)
     if versions is not None:
         out["staleness"] = versions.staleness()

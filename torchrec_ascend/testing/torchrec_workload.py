@@ -45,6 +45,8 @@ from torchrec.optim.keyed import KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.streamable import Pipelineable
 
+from ..distributed.sharded_state import local_pieces
+
 __all__ = [
     "SHARDINGS",
     "PIPELINES",
@@ -166,19 +168,12 @@ def initial_state() -> Dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _local_pieces(value) -> List[Tuple[List[int], torch.Tensor]]:
-    """(offsets, tensor) of each local piece of a state-dict entry."""
-    if hasattr(value, "local_shards"):
-        return [(list(s.metadata.shard_offsets), s.tensor) for s in value.local_shards()]
-    return [([0] * value.dim(), value)]
-
-
 @torch.no_grad()
 def load_global(model: nn.Module, state: Dict[str, torch.Tensor]) -> None:
     """Copy the unsharded weights into the sharded model's local shards."""
     for key, value in model.state_dict().items():
         full = state[key]
-        for offsets, t in _local_pieces(value):
+        for offsets, t in local_pieces(value):
             sl = tuple(slice(o, o + n) for o, n in zip(offsets, t.shape))
             t.copy_(full[sl])
 
@@ -186,7 +181,7 @@ def load_global(model: nn.Module, state: Dict[str, torch.Tensor]) -> None:
 Sharding = Union[str, Dict[str, str]]
 
 
-def _constraints(sharding: Sharding) -> Dict[str, ParameterConstraints]:
+def constraints_for(sharding: Sharding) -> Dict[str, ParameterConstraints]:
     """Every table constrained to ``sharding`` (one type for all tables, or {table: type}).
     EmbeddingCollection has no table_row_wise in TorchRec 1.8: its table takes row_wise then.
     Column-wise shards are DIM/2 wide."""
@@ -218,7 +213,7 @@ def sharded_model(device: torch.device, sharding: Optional[Sharding]) -> Distrib
     planner = EmbeddingShardingPlanner(
         topology=Topology(world_size=world, compute_device=device.type,
                           local_world_size=get_local_size(world)),
-        constraints=_constraints(sharding))
+        constraints=constraints_for(sharding))
     sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
     plan = planner.collective_plan(model, sharders, torch.distributed.GroupMember.WORLD)
     return DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
@@ -254,7 +249,7 @@ def train(device: torch.device, sharding: Optional[Sharding], pipeline: str, ste
     shards, devices = {}, set()
     for key, value in model.state_dict().items():
         if key.startswith(("ebc.", "ec.")):
-            pieces = _local_pieces(value)
+            pieces = local_pieces(value)
             devices.update(t.device.type for _, t in pieces)
             shards[key] = [(o, t.detach().cpu().clone()) for o, t in pieces]
     types = {table: ps.sharding_type

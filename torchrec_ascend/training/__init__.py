@@ -5,12 +5,14 @@
     results = run_experiment(cfg, out="runs/events")
     print(results["models"]["hstu"]["test"]["ndcg@10"])
 
-Modules (one concern each): :mod:`.config` (typed configs, validation, overrides),
-:mod:`.sources` (data source -> sequences), :mod:`.split` (leave-two-out), :mod:`.batches`
-(deterministic batches, negatives, balance hook), :mod:`.evaluator` (full-corpus metrics),
-:mod:`.checkpoint` (atomic DCP checkpoints), :mod:`.recorder` (log.jsonl, TensorBoard, plot),
-:mod:`.distributed` (process group, DDP wrapper), :mod:`.pipelines` (DMP + train pipeline of ``train.pipeline``),
-:mod:`.trainer` (``Trainer``), :mod:`.experiment` (a config end to end), :mod:`.cli`.
+Modules (one concern each): :mod:`.config` (the experiment's sections, loading, overrides),
+:mod:`.sources` (the ``data`` section -> sequences), :mod:`.task` (what the trainer needs from a
+task), :mod:`.retrieval` (next-item retrieval: split, batches, evaluator, task),
+:mod:`.balancing` (a rank's share of a jagged batch), :mod:`.trainer` (``Trainer``, any task),
+:mod:`.checkpoint` (atomic, verified DCP checkpoints), :mod:`.run_folder` (one run per output
+folder), :mod:`.recorder` (log.jsonl, TensorBoard, plot), :mod:`.console` (messages and the
+progress bar), :mod:`.process_group`, :mod:`.pipelines` (DMP + train pipeline of
+``train.pipeline``), :mod:`.precision`, :mod:`.experiment` (a config end to end), :mod:`.cli`.
 docs/training.md is the guide.
 """
 
@@ -20,11 +22,13 @@ from .config import (ConfigError, DataConfig, EvalConfig, ExperimentConfig, Mode
                      TrainConfig, apply_overrides, config_from_dict, load_config)
 from .experiment import run_experiment
 from .pipelines import make_pipeline
-from .split import Split, leave_one_out, leave_two_out
-from .trainer import Trainer
+from .retrieval import RetrievalTask, Split, leave_one_out, leave_two_out
+from .task import Task
+from .trainer import NonFiniteTrainingError, Trainer
 
 __all__ = [
     "ConfigError", "DataConfig", "EvalConfig", "ExperimentConfig", "ModelConfig",
-    "Split", "TrainConfig", "Trainer", "apply_overrides", "config_from_dict", "leave_one_out",
-    "leave_two_out", "load_config", "make_pipeline", "run_experiment",
+    "NonFiniteTrainingError", "RetrievalTask", "Split", "Task", "TrainConfig", "Trainer",
+    "apply_overrides", "config_from_dict", "leave_one_out", "leave_two_out", "load_config",
+    "make_pipeline", "run_experiment",
 ]

@@ -6,9 +6,11 @@
     torchrun --nproc_per_node=2 -m torchrec_ascend.training --data events.csv --out runs/e
 
 Writes ``<out>/results.json`` (see :mod:`.experiment`), ``<out>/training.png``,
-``<out>/<model>/log.jsonl``, ``<out>/tb/``, ``<out>/<model>/checkpoints/``.  Bad data or a bad
-config value: one line ``error: ...`` naming the file / row / column or the key and the rule,
-exit status 2 (on every rank), nothing written into an existing output folder.
+``<out>/<model>/log.jsonl``, ``<out>/tb/``, ``<out>/<model>/checkpoints/``, ``<out>/run.json``.
+Bad data, a bad config value or path, a folder that holds another run, a diverging training or
+a lost peer rank: one line ``error: ...`` naming the file / row / column, the key and the rule,
+or the step / rank, exit status 2 (on every rank), nothing written into an existing output
+folder before the run starts (docs/training.md, "What happens when things go wrong").
 
 :func:`add_common_arguments` and :func:`run_cli` are shared with the KuaiRand example's CLI.
 """
@@ -24,8 +26,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch.distributed as dist
 
 from ..datasets import DataError
+from ..distributed.train_pipeline import PeerFailureError
 from ..metrics import NonFiniteScoreError
 from .config import CONFIG_DIR, ConfigError, ExperimentConfig, load_config
+from .trainer import NonFiniteTrainingError
 
 __all__ = ["main", "add_common_arguments", "common_overrides", "run_cli", "CONFIG_DIR"]
 
@@ -39,7 +43,11 @@ def add_common_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--epochs", type=float, default=None,
                     help="train.epochs (instead of steps: passes over the trainable users)")
     ap.add_argument("--models", default=None, help="comma list of encoders: hstu,sasrec")
-    ap.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run in --out from its newest intact checkpoint")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace the run that --out holds (its run files are removed when the "
+                         "new run starts)")
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     ap.add_argument("--threads", type=int, default=None, help="train.threads")
 
@@ -72,14 +80,18 @@ def run_cli(build: Callable[[], ExperimentConfig], out: Callable[[ExperimentConf
     try:
         try:
             cfg = build()
-            run_experiment(cfg, out(cfg), resume=args.resume, progress=not args.no_progress)
+            run_experiment(cfg, out(cfg), resume=args.resume, progress=not args.no_progress,
+                           overwrite=args.overwrite)
             return 0
         except ConfigError as e:
             msg = f"error: bad config: {e}"
         except DataError as e:
             msg = f"error: bad data: {e}"
-        except NonFiniteScoreError as e:
+        except (NonFiniteScoreError, NonFiniteTrainingError) as e:
             msg = f"error: {e}"
+        except PeerFailureError as e:  # every surviving rank says which peer it lost
+            print("error: " + " ".join(str(e).split()), file=sys.stderr, flush=True)
+            return 2
         if _rank() == 0:
             print(msg, file=sys.stderr, flush=True)
         return 2
@@ -118,6 +130,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sets.append("data.source=table")
 
     def build() -> ExperimentConfig:
+        for path in args.data:
+            if os.path.isdir(path):
+                raise ConfigError("--data", f"{path!r} is a folder: name the data files (CSV, "
+                                            "TSV or Parquet) or a glob such as "
+                                            f"'{os.path.join(path, '*.csv')}'")
         cfg, _ = load_config(args.config, sets, [CONFIG_DIR], base=base)
         # the command line's data wins over a config file's
         cfg.data.files = list(args.data)

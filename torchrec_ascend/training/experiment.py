@@ -1,17 +1,17 @@
-"""Run a config end to end: data -> leave-two-out split -> most-popular baseline -> each encoder
-trained and evaluated -> ``<out>/results.json`` + ``<out>/training.png``.
+"""Run a config end to end: output folder checked -> data -> the task's split -> its baselines ->
+each model trained and evaluated -> ``<out>/results.json`` + ``<out>/training.png``.
 
 ``results.json``::
 
-    {"config": name, "world_size": W, "peak_gflops": per-rank peak (GEMM of the compute dtype),
-     "precision": {"requested", "compute_dtype", "reason"}, "seconds": wall time,
-     "data": {"users", "items", "train_events"},
+    {"config": name, "task": "retrieval", "world_size": W, "peak_gflops": per-rank peak (GEMM
+     of the compute dtype), "precision": {"requested", "compute_dtype", "reason"},
+     "seconds": wall time, "data": the task's data summary,
      "models": {"hstu": {"valid": {metrics}, "test": {metrics}, "tokens_per_s": x, "mfu": x,
                          "steps", "stopped_early", "best_valid", "evals": [...]}, ...},
      "baselines": {"most_popular": {"valid": {metrics}, "test": {metrics}}},
      "plot": path, "config_values": the full config}
 
-Metrics: ``hr@K``, ``ndcg@K`` for ``eval.ks`` and ``mrr`` (torchrec_ascend.metrics).
+Retrieval metrics: ``hr@K``, ``ndcg@K`` for ``eval.ks`` and ``mrr`` (torchrec_ascend.metrics).
 """
 
 from __future__ import annotations
@@ -27,22 +27,23 @@ import torch.distributed as dist
 from ..device import dtype_name
 from ..metrics import device_peak_flops
 from .config import ExperimentConfig
-from .distributed import DistEnv, init_distributed
-from .evaluator import Evaluator, eval_users
+from .console import Console, quiet_notices
 from .precision import resolve_precision
+from .process_group import DistEnv, init_distributed
 from .recorder import plot
+from .retrieval import RetrievalTask, hold_out
+from .run_folder import RunFolder, check_writable_dir
 from .sources import load_sequences
-from .split import Split, leave_one_out, leave_two_out
+from .task import Task
 from .trainer import Trainer
 
-__all__ = ["run_experiment", "prepare_split", "format_summary"]
+__all__ = ["run_experiment", "prepare_task", "format_summary"]
 
 
-def prepare_split(cfg: ExperimentConfig, progress: bool = False) -> Split:
-    """The config's data as a leave-two-out split, or leave-one-out with ``eval.holdout``
-    (collective in a multi-rank job)."""
-    hold_out = leave_one_out if cfg.eval.holdout == "leave_one_out" else leave_two_out
-    return hold_out(load_sequences(cfg.data, progress=progress))
+def prepare_task(cfg: ExperimentConfig, progress: bool = False) -> Task:
+    """The config's data prepared for its task (collective in a multi-rank job)."""
+    seqs = load_sequences(cfg.data, progress=progress)
+    return RetrievalTask(cfg, hold_out(seqs, cfg.eval.holdout))
 
 
 def _peak(env: DistEnv, gemm_size: int, dtype: torch.dtype = torch.float32) -> float:
@@ -54,54 +55,56 @@ def _peak(env: DistEnv, gemm_size: int, dtype: torch.dtype = torch.float32) -> f
 
 
 def run_experiment(cfg: ExperimentConfig, out: str, resume: bool = False, progress: bool = True,
-                   env: Optional[DistEnv] = None, log: Callable[[str], None] = print
-                   ) -> Dict[str, Any]:
-    """Train and evaluate every encoder of ``cfg.models``; returns the results (rank 0 also
-    writes them to ``<out>/results.json``)."""
+                   env: Optional[DistEnv] = None, log: Callable[[str], None] = print,
+                   overwrite: bool = False) -> Dict[str, Any]:
+    """Train and evaluate every model of ``cfg.models``; returns the results (rank 0 also
+    writes them to ``<out>/results.json``).  The output folder's rules
+    (:mod:`.run_folder`: one run per folder, ``resume`` continues it, ``overwrite`` replaces
+    it) and the writability of ``data.cache_dir`` are checked before the data is read."""
+    with quiet_notices():
+        return _run(cfg, out, resume, progress, env, log, overwrite)
+
+
+def _run(cfg: ExperimentConfig, out: str, resume: bool, progress: bool,
+         env: Optional[DistEnv], log: Callable[[str], None], overwrite: bool) -> Dict[str, Any]:
     env = env or init_distributed()
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
-    say = log if env.rank == 0 else (lambda _msg: None)
+    console = Console(env.rank == 0, log)
+    folder = RunFolder(out, cfg.models)
+    folder.check(cfg.to_dict(), resume, overwrite)
+    check_writable_dir("data.cache_dir", cfg.data.cache_dir)
     t0 = time.perf_counter()
-    split = prepare_split(cfg, progress=progress and env.rank == 0)
+    task = prepare_task(cfg, progress=progress and env.rank == 0)
     if env.rank == 0:
-        os.makedirs(out, exist_ok=True)
-    lens = split.prefix_lengths
-    say(f"data: {split.num_users:,} users, {split.num_items:,} items, {len(split.items):,} "
-        f"training events (prefix length mean {lens.mean():.1f}, max {lens.max()}); "
-        + ("leave-two-out: validation = second-to-last, test = last item "
-           if split.has_valid else
-           "leave-one-out: test = last item, the second-to-last is trained on, no validation ")
-        + f"({time.perf_counter() - t0:.1f}s)")
+        folder.start(cfg.to_dict(), resume, overwrite)
+    if env.world_size > 1:
+        dist.barrier()
+    console.say(f"{task.describe()} ({time.perf_counter() - t0:.1f}s)")
     compute_dtype, why = resolve_precision(cfg.train.precision, env.device)
     peak = _peak(env, cfg.train.peak_gemm_size, compute_dtype)
-    say(f"device {env.device}, compute dtype {dtype_name(compute_dtype)} ({why}), peak "
-        f"(measured {dtype_name(compute_dtype)} GEMM) {peak / 1e9:.1f} GFLOP/s per rank, "
-        f"{env.world_size} rank(s)")
-    ev = Evaluator(split, cfg.model.max_seq_len, cfg.eval.ks, cfg.eval.batch_size)
-    users = eval_users(split.num_users, env.rank, env.world_size)
-    baselines = {"most_popular": {
-        "valid": ev.most_popular("valid", users) if split.has_valid else None,  # leave-one-out
-        "test": ev.most_popular("test", users)}}
+    console.say(f"device {env.device}, compute dtype {dtype_name(compute_dtype)} ({why}), peak "
+                f"(measured {dtype_name(compute_dtype)} GEMM) {peak / 1e9:.1f} GFLOP/s per rank, "
+                f"{env.world_size} rank(s)")
+    baselines = task.baselines(env.rank, env.world_size)
     histories: Dict[str, Dict[str, list]] = {}
     results: Dict[str, Any] = {}
     for kind in cfg.models:
-        trainer = Trainer(cfg, split, env, out, kind, peak, progress=progress, resume=resume,
-                          histories=histories, log=log)
-        say(f"[{kind}] parameters: {split.num_items:,} x {cfg.model.table_dim} embedding "
-            f"(model uses {cfg.model.embedding_dim} columns) + {trainer.num_dense:,} dense; "
-            f"plan: {trainer.sharding_type} on {env.world_size} rank(s); "
-            f"{trainer.total} steps ({trainer.builder.order.steps_per_epoch} per epoch), "
-            f"pipeline {cfg.train.pipeline} (staleness {cfg.train.staleness}), "
-            f"balance {cfg.train.balance}")
+        trainer = Trainer(cfg, task, env, out, kind, peak, progress=progress, resume=resume,
+                          console=console)
+        console.say(f"[{kind}] parameters: {trainer.num_dense:,} dense; plan: "
+                    f"{trainer.sharding_type} on {env.world_size} rank(s); {trainer.total} steps "
+                    f"({trainer.batches.steps_per_epoch} per epoch), pipeline "
+                    f"{cfg.train.pipeline} (staleness {cfg.train.staleness}), balance "
+                    f"{cfg.train.balance}")
         results[kind] = trainer.fit()
+        histories[kind] = results[kind].pop("history")
     summary: Dict[str, Any] = {
-        "config": cfg.name, "world_size": env.world_size, "peak_gflops": peak / 1e9,
+        "config": cfg.name, "task": task.name, "world_size": env.world_size,
+        "peak_gflops": peak / 1e9,
         "precision": {"requested": cfg.train.precision, "compute_dtype": dtype_name(compute_dtype),
                       "reason": why},
-        "data": {"users": split.num_users, "items": split.num_items,
-                 "train_events": int(len(split.items))},
-        "models": results, "baselines": baselines,
+        "data": task.data_summary(), "models": results, "baselines": baselines,
         "seconds": time.perf_counter() - t0, "config_values": cfg.to_dict()}
     if env.rank == 0:
         valid_base = {k: v["valid"] for k, v in baselines.items() if v["valid"] is not None}

@@ -19,11 +19,12 @@ trainer:
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 import torch
 
-from ..distributed.train_pipeline import KINDS, InstrumentedPipeline, make_train_pipeline
+from ..distributed.train_pipeline import (KINDS, InstrumentedPipeline, PipelineKind,
+                                          make_train_pipeline)
 
 __all__ = ["KINDS", "wrap_model", "make_pipeline", "step_row", "draw_pipeline_png"]
 
@@ -39,9 +40,8 @@ def wrap_model(module: torch.nn.Module, device: torch.device, plan: Any, sharder
     dense gradients summed over the whole world, the replicas merged by ``replica_merge``
     (:class:`~torchrec_ascend.distributed.planner.TwoDimModelParallel`'s ``merge``)."""
     from ..distributed import DistributedModelParallel
+    from ..distributed.data_parallel import DeferredGradWrapper, SumDataParallelWrapper
     from ..distributed.planner import TwoDimShardingPlanner, two_dim_model
-    from ..distributed.semi_async_grads import DeferredGradWrapper
-    from .distributed import SumDataParallelWrapper
 
     if isinstance(planner, TwoDimShardingPlanner):
         if staleness:
@@ -53,18 +53,18 @@ def wrap_model(module: torch.nn.Module, device: torch.device, plan: Any, sharder
                                     data_parallel_wrapper=wrapper, staleness=staleness)
 
 
-def make_pipeline(kind: str, model: torch.nn.Module, optimizer: Any, device: torch.device,
-                  staleness: int = 0, step_timeout_s: Optional[float] = None,
-                  track_versions: bool = False, sync_warmup_steps: int = 0
-                  ) -> InstrumentedPipeline:
+def make_pipeline(kind: PipelineKind, model: torch.nn.Module, optimizer: Any,
+                  device: torch.device, staleness: int = 0,
+                  step_timeout_s: Union[float, str, None] = None, track_versions: bool = False,
+                  sync_warmup_steps: int = 0) -> InstrumentedPipeline:
     """The pipeline ``kind`` (a name of :data:`KINDS`) over ``model`` (see
     :func:`torchrec_ascend.distributed.make_train_pipeline` for the rules; ``track_versions``:
     ``semi_async`` records the parameter version every lookup read, for tests;
     ``sync_warmup_steps``: ``semi_async``'s synchronous first steps)."""
-    if kind not in KINDS:
-        raise ValueError(f"train.pipeline: {kind!r} is not one of {list(KINDS)}")
+    from ..distributed.planner import TwoDimModelParallel
+
     extra: Dict[str, Any] = {}
-    if kind == "sparse_dist" and hasattr(model, "step_done"):
+    if kind == "sparse_dist" and isinstance(model, TwoDimModelParallel):
         # a 2-D model syncs its replicas in its own step_done (every train.sync_every steps);
         # TorchRec's TrainPipelineSparseDist would also sync a DMPCollection after every batch
         extra["dmp_collection_sync_interval_batches"] = None

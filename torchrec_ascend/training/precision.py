@@ -12,25 +12,27 @@ fp32.  fp16 is not offered: it would need loss scaling.
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Literal, Tuple
 
 import torch
 import torch.distributed as dist
 
 from .. import device as _device
+from ..options import check_choice, choices
 
-__all__ = ["PRECISIONS", "resolve_precision"]
+__all__ = ["Precision", "PRECISIONS", "resolve_precision"]
 
-PRECISIONS = ("auto", "fp32", "bf16")
+Precision = Literal["auto", "fp32", "bf16"]
+"""``train.precision``: the dense part's compute dtype (module docstring)."""
+PRECISIONS = choices(Precision)
 
 
-def resolve_precision(precision: str, device: torch.device) -> Tuple[torch.dtype, str]:
+def resolve_precision(precision: Precision, device: torch.device) -> Tuple[torch.dtype, str]:
     """``(compute dtype, reason)`` for ``train.precision`` on ``device``; the reason is one line
     for the log (for ``auto``: the measured GEMM rates behind the choice).  Under an initialised
     process group of several ranks ``auto`` is a collective: bf16 only if every rank measured
     it faster (the ranks must train alike)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision: {precision!r} is not one of {list(PRECISIONS)}")
+    check_choice("precision", precision, Precision)
     if precision == "fp32":
         return torch.float32, "train.precision=fp32"
     if precision == "bf16":

@@ -1,7 +1,11 @@
 """What a run leaves behind (rank 0 only): ``<out>/<model>/log.jsonl`` (one JSON object per
 line: ``{"step", "loss"}`` every step, ``{"step", "tokens_per_s", "mfu"}`` every ``log_every``,
 ``{"step", "split": "valid", metrics...}`` per evaluation), TensorBoard scalars under
-``<out>/tb/<model>/`` and ``<out>/training.png`` (:func:`plot`)."""
+``<out>/tb/<model>/`` and ``<out>/training.png`` (:func:`plot`).
+
+A run resumed from step ``s`` keeps the log's rows up to ``s`` and drops the later ones (the
+steps between the checkpoint and the kill, trained again now), and TensorBoard purges its
+events after ``s``: every step is in the log once."""
 
 from __future__ import annotations
 
@@ -15,17 +19,39 @@ __all__ = ["Recorder", "plot"]
 class Recorder:
     """log.jsonl + TensorBoard for one model; a no-op on ranks other than 0."""
 
-    def __init__(self, out: str, kind: str, enabled: bool, fresh: bool = True) -> None:
+    def __init__(self, out: str, kind: str, enabled: bool, start_step: int = 0) -> None:
         self.enabled, self.kind = enabled, kind
         self.tb = None
         self.log_path = os.path.join(out, kind, "log.jsonl")
         if enabled:
             os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
-            if fresh and os.path.exists(self.log_path):
-                os.remove(self.log_path)
+            self._keep_until(start_step)
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(os.path.join(out, "tb", kind))
+            self.tb = SummaryWriter(os.path.join(out, "tb", kind),
+                                    purge_step=start_step + 1 if start_step else None)
+
+    def _keep_until(self, step: int) -> None:
+        """Drop the log's rows of steps after ``step`` and its final results (all of it at 0)."""
+        if not os.path.exists(self.log_path):
+            return
+        if step == 0:
+            os.remove(self.log_path)
+            return
+        with open(self.log_path) as f:
+            rows = [line for line in f if line.strip()]
+        kept = []
+        for line in rows:
+            try:
+                rec = json.loads(line)
+            except ValueError:  # a line cut by the kill
+                continue
+            if int(rec.get("step", 0)) <= step and rec.get("split") != "final":
+                kept.append(line if line.endswith("\n") else line + "\n")
+        tmp = self.log_path + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(kept)
+        os.replace(tmp, self.log_path)
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         if self.tb is not None:

@@ -12,53 +12,97 @@ In a multi-rank job rank 0 builds the cache first; a data error there is raised 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
-import re
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Literal, Optional
 
 import torch.distributed as dist
 
 from ..datasets import (PositiveRule, Sequences, SyntheticConfig, TableSpec, generate,
                         load_kuairand, load_table_sequences)
 from ..datasets.preprocess import expand_paths
-from .config import ConfigError, DataConfig
-from .distributed import raise_on_every_rank
+from ..datasets.table import TableOptions
+from ..options import Key, OptionError, check_choice, option, prefixed
+from .process_group import raise_on_every_rank
 
-__all__ = ["table_spec", "check_source", "load_sequences"]
+__all__ = ["DataSource", "DataConfig", "table_spec", "check_source", "load_sequences"]
+
+DataSource = Literal["table", "kuairand", "synthetic"]
+"""``data.source``: a generic table, the official KuaiRand logs, or the built-in generator."""
+
+
+@dataclass
+class DataConfig(TableOptions):
+    """Where the interactions come from (the trainer's ``data`` section).
+
+    source: ``table`` (any user / item / timestamp table: CSV, TSV or Parquet; the reading
+    options are :class:`~torchrec_ascend.datasets.table.TableOptions`' fields, embedded here:
+    user_col / item_col / time_col, optional 0/1 action_cols and a positive rule over them,
+    id_type / time_unit / sep / format), ``kuairand`` (official KuaiRand logs or the shared
+    sample; positive: a rule over KuaiRand actions, default clicks) or ``synthetic`` (the
+    built-in KuaiRand-format generator, ``synthetic`` = :class:`torchrec_ascend.datasets.
+    SyntheticConfig` fields).  min_len: users with fewer positives are dropped (>= 3: one history
+    item, a validation and a test item).  cache_dir: preprocessed sequences are cached there;
+    num_buckets: preprocessing partitions.
+    """
+
+    source: DataSource = "table"
+    files: List[str] = field(default_factory=list)
+    min_len: int = option(3, min=3)
+    cache_dir: str = "data_cache"
+    num_buckets: int = option(32, min=1)
+    synthetic: Dict[str, Any] = field(default_factory=dict)
+
+    def check(self, key: Key = prefixed("data")) -> None:
+        """Every rule of the data options that needs no data read (:class:`OptionError`)."""
+        check_choice(key("source"), self.source, DataSource)
+        if self.source in ("table", "kuairand") and not self.files:
+            raise OptionError(key("files"), f"source {self.source!r} needs at least one file")
+        if self.synthetic and self.source != "synthetic":
+            raise OptionError(key("synthetic"), f"only used with source 'synthetic', not "
+                                                f"{self.source!r}")
+        if self.source == "table":
+            self.check_options(key)
+        elif self.source == "kuairand":
+            _kuairand_rule(self, key)
+        else:
+            _synthetic_config(self, key)
 
 
 def table_spec(d: DataConfig) -> TableSpec:
-    """The :class:`TableSpec` of a ``table`` source (ConfigError on a bad combination)."""
-    try:
-        return TableSpec(files=list(d.files), user_col=d.user_col, item_col=d.item_col,
-                         time_col=d.time_col, time_unit=d.time_unit, sep=d.sep, format=d.format,
-                         action_cols=list(d.action_cols), positive=d.positive, id_type=d.id_type)
-    except ValueError as e:  # "TableSpec.<field>: rule" -> ConfigError("data.<field>", rule)
-        m = re.match(r"TableSpec(?:\.(\w+))?: (.*)", str(e), re.S)
-        if m is None:
-            raise ConfigError("data", str(e)) from None
-        raise ConfigError("data" + (f".{m.group(1)}" if m.group(1) else ""), m.group(2)) from None
+    """The :class:`TableSpec` of a ``table`` source."""
+    options = {f.name: getattr(d, f.name) for f in dataclasses.fields(TableOptions)}
+    return TableSpec(list(d.files), **options)
 
 
-def _kuairand_rule(d: DataConfig) -> PositiveRule:
+def _kuairand_rule(d: DataConfig, key: Key = prefixed("data")) -> PositiveRule:
     try:
         return PositiveRule.from_config(d.positive or {"any_of": ["click"]})
     except ValueError as e:
-        raise ConfigError("data.positive", str(e)) from None
+        raise OptionError(key("positive"), str(e)) from None
+
+
+def _synthetic_config(d: DataConfig, key: Key = prefixed("data")) -> SyntheticConfig:
+    known = [f.name for f in dataclasses.fields(SyntheticConfig)]
+    for k in d.synthetic:
+        if k not in known:
+            raise OptionError(key(f"synthetic.{k}"), f"unknown key (known: {', '.join(known)})")
+    try:
+        return SyntheticConfig(**d.synthetic)
+    except (TypeError, ValueError) as e:
+        raise OptionError(key("synthetic"), str(e)) from None
 
 
 def check_source(d: DataConfig) -> None:
     """Everything about the source that can be checked without reading data."""
-    if d.source == "table":
-        table_spec(d)
-    elif d.source == "kuairand":
-        _kuairand_rule(d)
+    d.check()
 
 
 def _synthetic_files(d: DataConfig) -> list:
-    syn = SyntheticConfig(**d.synthetic)
+    syn = _synthetic_config(d)
     key = hashlib.sha256(json.dumps(d.synthetic, sort_keys=True).encode()).hexdigest()[:12]
     folder = os.path.join(d.cache_dir, f"synthetic-{key}")
     path = os.path.join(folder, f"log_standard_{syn.tag}.csv")

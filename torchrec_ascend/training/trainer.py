@@ -1,35 +1,31 @@
-"""``Trainer``: one encoder (HSTU or SASRec) trained on a split, evaluated on validation
-periodically and on validation + test at the end.
+"""``Trainer``: one model of a :class:`~.task.Task` trained and evaluated, whatever the task.
 
-    trainer = Trainer(cfg, split, env, out="runs/x", kind="hstu", peak_flops=peak)
-    result = trainer.fit()   # {"valid": {...}, "test": {...}, "tokens_per_s", "mfu", ...}
+    trainer = Trainer(cfg, task, env, out="runs/x", kind="hstu", peak_flops=peak)
+    result = trainer.fit()   # {"valid", "test", "tokens_per_s", "mfu", "history", ...}
 
 What runs where (docs/training.md):
 
-* the model (:class:`~torchrec_ascend.models.GenerativeRetrieval`) under torchrec_ascend's
-  ``DistributedModelParallel(staleness=train.staleness)`` (TorchRec's, plus the bound) on
-  ``env.device`` (npu / cuda / cpu from
-  :mod:`torchrec_ascend.device`), the item table sharded by the planner of ``train.planner``
-  (TorchRec's ``EmbeddingShardingPlanner`` over a topology built by ``TopologyFactory``, with a
-  storage reservation that knows the dense part; or the hierarchical planner), its row-wise
-  Adagrad fused into the backward; the dense part's gradients summed over ranks (DDP with
-  :class:`~.distributed.SumDataParallelWrapper` at staleness 0, the pipeline's deferred
-  all-reduce at staleness >= 1; :mod:`.pipelines`) and AdamW (+ gradient clipping);
-* every step through the train pipeline of ``train.pipeline`` (``sync`` | ``sparse_dist``
-  (default) | ``semi_async``, :func:`torchrec_ascend.distributed.make_train_pipeline`), fed by
-  :class:`~.batches.BatchBuilder` (deterministic order, balance hook, negatives prefetched one
-  step ahead); each step's stage record (stage ms, busy fraction) goes to log.jsonl and
-  TensorBoard, and ``<out>/<kind>/pipeline.png`` draws a few steps at the end;
+* the task's model under torchrec_ascend's ``DistributedModelParallel(staleness=train.staleness)``
+  (or the 2-D ``TwoDimModelParallel``; :func:`~.pipelines.wrap_model`) on ``env.device``, its
+  tables sharded by the planner of ``train.planner``
+  (:func:`torchrec_ascend.distributed.planner.make_planner`) and trained by row-wise Adagrad
+  fused into the backward; the dense part's gradients summed over ranks and stepped by AdamW
+  (+ gradient clipping);
+* every step through the train pipeline of ``train.pipeline``, fed by the task's batches; each
+  step's stage record goes to log.jsonl and TensorBoard, and ``<out>/<kind>/pipeline.png`` draws
+  a few steps at the end;
 * training runs in segments between evaluation / checkpoint steps: a segment's batch iterator
   ends there, the pipeline drains, and evaluation (pipeline detached) or the checkpoint sees a
-  model with no batch in flight; the next segment re-attaches it.  Dropout is seeded by the
-  step, so results do not depend on where segments (or a kill and a resume) fall.
+  model with no batch in flight.  Dropout is seeded by the step, so results do not depend on
+  where segments (or a kill and a resume) fall;
+* a non-finite loss or dense gradient norm ends training at that step with
+  :class:`NonFiniteTrainingError` (nothing of that step is checkpointed); a step that exceeds
+  ``train.step_timeout_s`` (its collectives included) ends the job on every rank.
 """
 
 from __future__ import annotations
 
-import contextlib
-import sys
+import math
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -38,25 +34,38 @@ import torch
 import torch.distributed as dist
 
 from ..device import dtype_name
-from ..models import TABLE, GenerativeRetrieval
-from ..models.generative_retrieval import init_item_table
-from ..sampling import make_sampler
+from ..distributed.planner import make_planner
+from ..distributed.train_pipeline import PeerFailureError
+from ..distributed.train_pipeline.faults import is_peer_failure
 from . import checkpoint as ckpt
-from .batches import BatchBuilder, cost_model_for
-from .config import ExperimentConfig
-from .distributed import DistEnv
-from .evaluator import Evaluator, eval_users
+from .console import Console
 from .pipelines import draw_pipeline_png, make_pipeline, step_row, wrap_model
 from .precision import resolve_precision
+from .process_group import DistEnv
 from .recorder import Recorder
-from .split import Split
+from .task import Task, sparse_parameters
 
-__all__ = ["Trainer", "DenseOptimizer", "make_planner", "total_steps"]
+__all__ = ["Trainer", "DenseOptimizer", "NonFiniteTrainingError", "total_steps"]
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Training produced a non-finite loss or gradient norm at ``step`` (nothing of that step
+    was checkpointed)."""
+
+    def __init__(self, step: int, what: str, value: float) -> None:
+        super().__init__(f"training diverged at step {step}: the {what} is {value} (lower "
+                         "train.lr / train.sparse_lr, or set train.clip_grad_norm); the last "
+                         "checkpoint before it is kept")
+        self.step, self.what, self.value = step, what, value
+
+    def __reduce__(self):
+        return (type(self), (self.step, self.what, self.value))
 
 
 class DenseOptimizer:
     """AdamW over the dense parameters with optional global-norm gradient clipping before each
-    step (the interface TorchRec's pipelines call: ``zero_grad`` / ``step``)."""
+    step (the interface TorchRec's pipelines call: ``zero_grad`` / ``step``).  A non-finite
+    gradient norm raises :class:`NonFiniteTrainingError` before any weight changes."""
 
     def __init__(self, params: List[torch.nn.Parameter], lr: float, weight_decay: float,
                  clip: Optional[float]) -> None:
@@ -64,6 +73,7 @@ class DenseOptimizer:
         self.inner = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay,
                                        betas=(0.9, 0.98))
         self.clip = clip
+        self.step_number = 0  # the trainer's step being trained (for the error)
 
     @property
     def param_groups(self) -> list:
@@ -73,8 +83,12 @@ class DenseOptimizer:
         self.inner.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure: Optional[Callable[[], Any]] = None) -> None:
-        if self.clip:
-            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        grads = [p for p in self.params if p.grad is not None]
+        if grads:
+            norm = (torch.nn.utils.clip_grad_norm_(grads, self.clip) if self.clip else
+                    torch.nn.utils.get_total_norm([p.grad for p in grads]))
+            if not bool(torch.isfinite(norm)):
+                raise NonFiniteTrainingError(self.step_number, "dense gradient norm", float(norm))
         self.inner.step()
 
     def state_dict(self) -> Dict[str, Any]:
@@ -84,32 +98,7 @@ class DenseOptimizer:
         self.inner.load_state_dict(state)
 
 
-def make_planner(cfg: ExperimentConfig, env: DistEnv, dense_bytes: int):
-    """The sharding planner of ``train.planner`` for this job's topology (built through
-    TorchRec's ``TopologyFactory``); the memory reservation keeps 15% of each device plus the
-    dense part's estimate (``dense_bytes``) away from the tables."""
-    from torchrec.distributed.planner import EmbeddingShardingPlanner
-    from torchrec.distributed.planner.types import ParameterConstraints
-
-    from ..distributed.planner import (DeviceMemoryReservation, HierarchicalShardingPlanner,
-                                       HierarchicalTopology, TwoDimShardingPlanner)
-
-    topo = HierarchicalTopology.from_env(
-        compute_device=env.device.type,
-        environ={"WORLD_SIZE": str(env.world_size), "LOCAL_WORLD_SIZE": str(env.local_world_size)})
-    reserve = DeviceMemoryReservation(min(0.9, 0.15 + dense_bytes / topo.memory_bytes))
-    constraints = {TABLE: ParameterConstraints(sharding_types=[cfg.train.sharding])}
-    if cfg.train.planner == "hierarchical_2d":
-        return TwoDimShardingPlanner(topology=topo, constraints=constraints,
-                                     storage_reservation=reserve, sync_every=cfg.train.sync_every)
-    if cfg.train.planner == "hierarchical":
-        return HierarchicalShardingPlanner(topology=topo, constraints=constraints,
-                                           storage_reservation=reserve)
-    return EmbeddingShardingPlanner(topology=topo.to_torchrec(), constraints=constraints,
-                                    storage_reservation=reserve)
-
-
-def total_steps(cfg: ExperimentConfig, steps_per_epoch: int) -> int:
+def total_steps(cfg: Any, steps_per_epoch: int) -> int:
     """``train.steps``, else ``ceil(train.epochs x steps_per_epoch)`` (default epochs when
     neither is set)."""
     from .config import DEFAULT_EPOCHS
@@ -122,66 +111,56 @@ def total_steps(cfg: ExperimentConfig, steps_per_epoch: int) -> int:
 
 
 class Trainer:
-    """Trains encoder ``kind`` of ``cfg`` on ``split`` (module docstring).  ``out``: the run's
-    folder (the model's log and checkpoints go to ``out/<kind>/``); ``peak_flops``: per-rank
-    peak for MFU; ``resume``: continue from the latest checkpoint; ``histories``: shared dict
-    the plot reads (``kind`` -> history); ``track_versions``: the ``semi_async`` pipeline
-    records which parameter version each lookup read (``pipeline.versions``; costs a pass over
-    the local table per step: tests)."""
+    """Trains model ``kind`` of ``task`` (module docstring).  ``out``: the run's folder (the
+    model's log and checkpoints go to ``out/<kind>/``); ``peak_flops``: per-rank peak for MFU;
+    ``resume``: continue from the newest intact checkpoint; ``console``: where messages go
+    (through the progress bar); ``track_versions``: the ``semi_async`` pipeline records which
+    parameter version each lookup read (``pipeline.versions``; tests)."""
 
-    def __init__(self, cfg: ExperimentConfig, split: Split, env: DistEnv, out: str, kind: str,
+    def __init__(self, cfg: Any, task: Task, env: DistEnv, out: str, kind: str,
                  peak_flops: float, progress: bool = True, resume: bool = False,
-                 histories: Optional[Dict[str, Dict[str, list]]] = None,
-                 log: Callable[[str], None] = print, track_versions: bool = False) -> None:
-        self.cfg, self.split, self.env, self.out, self.kind = cfg, split, env, out, kind
+                 console: Optional[Console] = None, track_versions: bool = False) -> None:
+        self.cfg, self.task, self.env, self.out, self.kind = cfg, task, env, out, kind
         self.peak_flops, self.progress, self.resume = peak_flops, progress, resume
-        self.histories = histories if histories is not None else {}
-        self._log = log
+        self.console = console if console is not None else Console(env.rank == 0)
         self._track_versions = track_versions
         self.root = f"{out}/{kind}"
         self.best_root = f"{self.root}/best"
-        self.evaluator = Evaluator(split, cfg.model.max_seq_len, cfg.eval.ks, cfg.eval.batch_size)
         self._build()
 
     # ------------------------------------------------------------------ set-up
     def _build(self) -> None:
-        from torchrec.distributed.embedding import EmbeddingCollectionSharder
         from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
         from torchrec.optim.optimizers import in_backward_optimizer_filter
         from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
-        t, env = self.cfg.train, self.env
+        t, env, task = self.cfg.train, self.env, self.task
         self.compute_dtype, self.precision_reason = resolve_precision(t.precision, env.device)
         torch.manual_seed(t.seed)
-        model = GenerativeRetrieval(self.split.num_items, self.cfg.model, self.kind,
-                                    t.temperature, device=torch.device("meta"),
-                                    compute_dtype=self.compute_dtype)
-        apply_optimizer_in_backward(RowWiseAdagrad, model.ec.parameters(),
-                                    {"lr": t.sparse_lr, "eps": 1e-8})
-        n_dense = sum(p.numel() for p in model.head.parameters())
-        sharders = [EmbeddingCollectionSharder()]
-        planner = make_planner(self.cfg, env, dense_bytes=16 * n_dense)  # param, grad, 2 AdamW
+        model = task.build_model(self.kind, self.compute_dtype)
+        sparse = sparse_parameters(model)
+        apply_optimizer_in_backward(RowWiseAdagrad, sparse, {"lr": t.sparse_lr, "eps": 1e-8})
+        sparse_ids = {id(p) for p in sparse}
+        self.num_dense = sum(p.numel() for p in model.parameters() if id(p) not in sparse_ids)
+        sharders = task.sharders()
+        planner = make_planner(
+            t.planner, compute_device=env.device.type, world_size=env.world_size,
+            local_world_size=env.local_world_size,
+            constraints={name: [t.sharding] for name in task.table_names()},
+            dense_bytes=16 * self.num_dense, sync_every=t.sync_every)  # param, grad, 2 AdamW
         self.plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
         self.dmp = wrap_model(model, env.device, self.plan, sharders, t.staleness, planner,
                               t.replica_merge)
-        init_item_table(self.dmp, self.split.num_items, self.cfg.model.table_dim, t.seed)
+        task.init_tables(self.dmp, t.seed)
         dense = [p for _, p in in_backward_optimizer_filter(self.dmp.named_parameters())]
         self.optimizer = DenseOptimizer(dense, t.lr, t.weight_decay, t.clip_grad_norm or None)
         self.pipeline = make_pipeline(t.pipeline, self.dmp, self.optimizer, env.device,
                                       t.staleness, t.step_timeout_s, self._track_versions,
                                       t.sync_warmup_steps)
-        counts = torch.from_numpy(self.split.item_counts()).to(torch.float32)
-        sampler = make_sampler(t.sampler, self.split.num_items,
-                               counts=counts if t.sampler != "uniform" else None)
-        self.builder = BatchBuilder(
-            self.split, self.cfg.model.max_seq_len, t.batch_size, env.rank, env.world_size,
-            t.seed, sampler, t.num_negatives, t.balance,
-            cost_model_for(self.kind, self.cfg.model) if t.balance != "none" else None,
-            prefetch=t.prefetch, balance_group=self._balance_group(), balance_ahead=t.balance_ahead,
-            negatives=t.negatives)
-        self.total = total_steps(self.cfg, self.builder.order.steps_per_epoch)
-        self.sharding_type = self.plan.plan["ec"][TABLE].sharding_type
-        self.num_dense = n_dense
+        self.batches = task.batches(self.kind, env.rank, env.world_size, self._balance_group())
+        self.total = total_steps(self.cfg, self.batches.steps_per_epoch)
+        self.sharding_type = ", ".join(sorted({opt.sharding_type for mod in self.plan.plan.values()
+                                               for opt in mod.values()}))
 
     def _balance_group(self) -> Optional[dist.ProcessGroup]:
         """A process group of its own for the all_to_all balancer (collective): the batches
@@ -191,13 +170,9 @@ class Trainer:
             return None
         return dist.new_group(ranks=list(range(self.env.world_size)))
 
-    def say(self, msg: str) -> None:
-        if self.env.rank == 0:
-            self._log(msg)
-
     @property
-    def model(self) -> GenerativeRetrieval:
-        return self.dmp.module  # type: ignore[return-value]
+    def model(self) -> torch.nn.Module:
+        return self.dmp.module
 
     # ------------------------------------------------------------------ pieces
     def _boundaries(self, start: int) -> List[int]:
@@ -208,27 +183,16 @@ class Trainer:
                 marks.update(range(every, self.total, every))
         return sorted(m for m in marks if m > start)
 
-    def _sync_replicas(self) -> None:
-        """2-D parallelism: merge the hosts' replicas now if a step was trained since the
-        last sync (before a checkpoint, which holds one copy, and before the final
-        evaluation); nothing otherwise (collective)."""
-        sync = getattr(self.dmp, "sync_replicas", None)
-        if sync is not None:
-            sync()
-
     def _load(self, path: str) -> Dict[str, Any]:
         """Load checkpoint ``path`` into the model and the dense optimizer; its trainer state.
         2-D: the model counts its steps from the checkpoint's (always of synced replicas)."""
         state = ckpt.load(path, self.dmp, self.optimizer)
-        restart = getattr(self.dmp, "restart_count", None)
-        if restart is not None:
-            restart(int(state["step"]))
+        self.dmp.restart_count(int(state["step"]))
         return state
 
-    def _save(self, step: int, state: Dict[str, Any]) -> None:
-        self._sync_replicas()
-        ckpt.save(self.root, step, self.dmp, self.optimizer, state,
-                  keep=self.cfg.train.keep_checkpoints)
+    def _save(self, root: str, step: int, state: Dict[str, Any], keep: int) -> None:
+        self.dmp.sync_replicas()  # 2-D: the checkpoint holds one copy (the merged one)
+        ckpt.save(root, step, self.dmp, self.optimizer, state, keep=keep)
 
     def _global(self, values: List[float]) -> torch.Tensor:
         v = torch.tensor(values, dtype=torch.float64)
@@ -236,37 +200,46 @@ class Trainer:
             dist.all_reduce(v)
         return v
 
-    def evaluate(self, which: str, limit: Optional[int] = None) -> Dict[str, float]:
-        """Metrics on ``which`` (``valid`` / ``test``), pipeline detached (collective)."""
-        detach = getattr(self.pipeline, "detach", None)  # pipelines that rewrite the model
-        if detach is not None:
-            detach()
-        users = eval_users(self.split.num_users, self.env.rank, self.env.world_size, limit)
-        merged = getattr(self.dmp, "merged_weights", None)  # 2-D: of the hosts' replicas merged
-        with merged() if merged is not None else contextlib.nullcontext():
-            return self.evaluator.evaluate(self.model, which, users, self.env.device)
+    def evaluate(self, which: str, limit: Optional[int] = None) -> Dict[str, Any]:
+        """Metrics on ``which`` (``valid`` / ``test``), pipeline detached (collective); 2-D: of
+        the hosts' replicas merged."""
+        self.pipeline.detach()
+        users = self.task.eval_users(self.env.rank, self.env.world_size, limit)
+        with self.dmp.merged_weights():
+            return self.task.evaluate(self.model, which, users, self.env.device)
 
     # ------------------------------------------------------------------ the loop
     def train_segment(self, start: int, end: int,
                       on_step: Optional[Callable[[int, float, torch.Tensor, float], None]] = None
                       ) -> int:
         """Train steps ``[start, end)`` through the pipeline (it drains at ``end``); calls
-        ``on_step(step_number, rank_loss, stats, seconds)`` after each; returns ``end``."""
+        ``on_step(step_number, global_loss, stats, seconds)`` after each (``global_loss``: the
+        sum of the ranks' losses; non-finite: :class:`NonFiniteTrainingError`); returns
+        ``end``."""
         seed = self.cfg.train.seed
-        it = self.builder.stream(start, end)
-        step_done = getattr(self.dmp, "step_done", None)  # 2-D: syncs every train.sync_every
+        it = self.batches.stream(start, end)
         step = start
         while True:
             torch.manual_seed(seed * 7919 + step)  # dropout: a function of the step
+            self.optimizer.step_number = step + 1
             tic = time.perf_counter()
-            try:
-                loss, stats = self.pipeline.progress(it)
-            except StopIteration:
-                break
-            if step_done is not None:
-                step_done()
-            lv = float(loss.detach().cpu())
+            with self.pipeline.watchdog.watch(f"step {step + 1}"):
+                try:
+                    loss, stats = self.pipeline.progress(it)
+                except StopIteration:
+                    break
+                try:
+                    self.dmp.step_done()  # 2-D: syncs every train.sync_every
+                    lv = float(self._global([float(loss.detach().cpu())])[0])
+                except Exception as exc:
+                    if is_peer_failure(exc):
+                        raise PeerFailureError(
+                            f"rank {self.env.rank}: step {step + 1}: a collective failed, a "
+                            f"peer rank died or left ({type(exc).__name__}: {exc})") from exc
+                    raise
             step += 1
+            if not math.isfinite(lv):
+                raise NonFiniteTrainingError(step, "loss", lv)
             if on_step is not None:
                 on_step(step, lv, stats, time.perf_counter() - tic)
         if step != end:
@@ -274,86 +247,75 @@ class Trainer:
         return step
 
     def fit(self) -> Dict[str, Any]:
+        """Train to ``total`` steps (from the newest intact checkpoint with ``resume``), evaluate;
+        returns the results, ``history`` (losses, evaluations, throughput) included."""
         t, e = self.cfg.train, self.cfg.eval
         start = 0
         history: Dict[str, list] = {"loss": [], "eval": [], "perf": []}
-        stop_state = {"best": None, "best_step": None, "bad": 0, "stopped": False}
+        stop = {"best": None, "best_step": None, "bad": 0, "stopped": False}
         if self.resume:
-            last = ckpt.latest(self.root)
+            last = ckpt.find_checkpoint(self.root)
             if last is not None:
                 st = self._load(last)
-                start, history = int(st["step"]), st["history"]
-                stop_state = st["early_stopping"]
+                start, history, stop = int(st["step"]), st["history"], st["early_stopping"]
                 if t.sync_warmup_steps:  # the warm-up counts global steps
                     self.pipeline.sync_warmup_steps = max(0, t.sync_warmup_steps - start)
-                self.say(f"[{self.kind}] resumed from {last} at step {start}")
-        self.histories[self.kind] = history
-        rec = Recorder(self.out, self.kind, self.env.rank == 0, fresh=start == 0)
+                self.console.say(f"[{self.kind}] resumed from {last} at step {start}")
+        rec = Recorder(self.out, self.kind, self.env.rank == 0, start_step=start)
         rec.log({"step": start, "precision": t.precision,
                  "compute_dtype": dtype_name(self.compute_dtype), "reason": self.precision_reason})
-        bar = None
-        if self.progress and self.env.rank == 0:
-            from tqdm import tqdm
-
-            bar = tqdm(total=self.total, initial=start, desc=f"train {self.kind}",
-                       mininterval=1.0, dynamic_ncols=True, file=sys.stderr)
-        write = bar.write if bar is not None else self.say
         win = np.zeros(3)  # tokens, flops, seconds
         seg_end = [start]
 
-        def on_step(n: int, lv_local: float, stats: torch.Tensor, secs: float) -> None:
+        def on_step(n: int, lv: float, stats: torch.Tensor, secs: float) -> None:
             win[:] += [float(stats[1]), float(stats[2]), secs]
-            lv = float(self._global([lv_local])[0])
             history["loss"].append((n, lv))
             row = step_row(self.pipeline.last_stats)
-            if self.builder.last_balance_s is not None:
-                row["balance_ms"] = 1e3 * self.builder.last_balance_s
+            if self.batches.last_balance_s is not None:
+                row["balance_ms"] = 1e3 * self.batches.last_balance_s
             rec.log({"step": n, "loss": lv, **row})
             rec.scalar("train/loss", lv, n)
             for key, value in row.items():
                 rec.scalar(f"pipeline/{key}", value, n)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{lv:.3f}", refresh=False)
+            self.console.advance(loss=lv)
             if n % t.log_every == 0 or n == seg_end[0]:
-                self._log_perf(win, n, history, rec, write)
+                self._log_perf(win, n, history, rec)
                 win[:] = 0
 
         step = start
+        self.console.open_bar(f"train {self.kind}", self.total, start, self.progress)
         try:
             for end in self._boundaries(start):
-                if stop_state["stopped"]:
+                if stop["stopped"]:
                     break
                 seg_end[0] = end
                 step = self.train_segment(step, end, on_step)
                 if t.eval_every and step % t.eval_every == 0 and step < self.total:
-                    self._periodic_eval(step, history, rec, write, stop_state)
+                    self._periodic_eval(step, history, rec, stop)
                 if t.checkpoint_every and step % t.checkpoint_every == 0:
-                    self._save(step, {"history": history, "early_stopping": stop_state,
-                                      "kind": self.kind})
+                    self._save(self.root, step, {"history": history, "early_stopping": stop,
+                                                 "kind": self.kind}, t.keep_checkpoints)
         finally:
-            if bar is not None:
-                bar.close()
-            self.builder.close()
-            close = getattr(self.pipeline, "close", None)  # semi_async: its batch thread
-            if close is not None:
-                close()
+            self.console.close_bar()
+            self.batches.close()
+            self.pipeline.close()
         if self.env.rank == 0:
             draw_pipeline_png(self.pipeline, f"{self.root}/pipeline.png",
                               title=f"{self.kind}: train.pipeline={t.pipeline}, "
                                     f"staleness={t.staleness} (rank 0)")
         restored = None
-        if e.restore_best and stop_state["best_step"] not in (None, step):
-            best = ckpt.latest(self.best_root)
+        if e.restore_best and stop["best_step"] not in (None, step):
+            best = ckpt.find_checkpoint(self.best_root)
             if best is None:
-                raise RuntimeError(f"eval.restore_best: no checkpoint under {self.best_root}")
+                raise RuntimeError(f"eval.restore_best: no intact checkpoint under "
+                                   f"{self.best_root}")
             restored = int(self._load(best)["step"])
-            self.say(f"[{self.kind}] restored the best validation model (step {restored})")
-        self._sync_replicas()  # 2-D: the final evaluation is of the merged replicas
-        valid = self.evaluate("valid") if self.split.has_valid else None  # leave-one-out: none
+            self.console.say(f"[{self.kind}] restored the best validation model (step {restored})")
+        self.dmp.sync_replicas()  # 2-D: the final evaluation is of the merged replicas
+        valid = self.evaluate("valid") if self.task.has_valid else None
         test = self.evaluate("test")
         for name, met in (("valid", valid), ("test", test)):
-            for k, v in (met or {}).items():
+            for k, v in _scalars(met or {}).items():
                 rec.scalar(f"final_{name}/{k}", v, step)
         if valid is not None:
             history["eval"].append({"step": step, "split": "valid", **valid})
@@ -363,15 +325,15 @@ class Trainer:
         return {"valid": valid, "test": test,
                 "tokens_per_s": perf[-1]["tokens_per_s"] if perf else None,
                 "mfu": perf[-1]["mfu"] if perf else None, "steps": step,
-                "stopped_early": bool(stop_state["stopped"]),
-                "best_valid": {"step": stop_state["best_step"], e.metric: stop_state["best"]},
+                "stopped_early": bool(stop["stopped"]),
+                "best_valid": {"step": stop["best_step"], e.metric: stop["best"]},
                 "restored_step": restored,
                 "evals": history["eval"], "sharding": self.sharding_type,
                 "compute_dtype": dtype_name(self.compute_dtype),
-                "world_size": self.env.world_size}
+                "world_size": self.env.world_size, "history": history}
 
-    def _log_perf(self, win: np.ndarray, step: int, history: Dict[str, list], rec: Recorder,
-                  write: Callable[[str], None]) -> None:
+    def _log_perf(self, win: np.ndarray, step: int, history: Dict[str, list],
+                  rec: Recorder) -> None:
         tokens, flops, secs = (float(x) for x in self._global(list(win)))
         world = self.env.world_size
         if secs <= 0:
@@ -383,30 +345,39 @@ class Trainer:
         rec.scalar("perf/tokens_per_s", tok_s, step)
         rec.scalar("perf/mfu", mfu, step)
         lv = history["loss"][-1][1] if history["loss"] else float("nan")
-        if self.env.rank == 0:
-            write(f"[{self.kind}] step {step}/{self.total} loss {lv:.4f} tokens/s {tok_s:,.0f} "
-                  f"MFU {100 * mfu:.2f}%")
+        self.console.say(f"[{self.kind}] step {step}/{self.total} loss {lv:.4f} tokens/s "
+                         f"{tok_s:,.0f} MFU {100 * mfu:.2f}%")
 
     def _periodic_eval(self, step: int, history: Dict[str, list], rec: Recorder,
-                       write: Callable[[str], None], stop_state: Dict[str, Any]) -> None:
+                       stop: Dict[str, Any]) -> None:
         e, t = self.cfg.eval, self.cfg.train
         met = self.evaluate("valid", e.eval_users)
         history["eval"].append({"step": step, "split": "valid", **met})
         rec.log({"step": step, "split": "valid", **met})
-        for k, v in met.items():
+        for k, v in _scalars(met).items():
             rec.scalar(f"valid/{k}", v, step)
         value = met[e.metric]
-        if stop_state["best"] is None or value > stop_state["best"]:
-            stop_state.update(best=value, best_step=step, bad=0)
+        if stop["best"] is None or value > stop["best"]:
+            stop.update(best=value, best_step=step, bad=0)
             if e.restore_best:
-                self._sync_replicas()  # 2-D: the checkpoint holds one copy (the merged one)
-                ckpt.save(self.best_root, step, self.dmp, self.optimizer,
-                          {"history": history, "early_stopping": stop_state}, keep=1)
+                self._save(self.best_root, step, {"history": history, "early_stopping": stop},
+                           keep=1)
         else:
-            stop_state["bad"] += 1
-            if t.early_stopping_patience and stop_state["bad"] >= t.early_stopping_patience:
-                stop_state["stopped"] = True
-        if self.env.rank == 0:
-            write(f"[{self.kind}] step {step} valid " +
-                  " ".join(f"{k} {v:.4f}" for k, v in met.items()) +
-                  (" (early stop)" if stop_state["stopped"] else ""))
+            stop["bad"] += 1
+            if t.early_stopping_patience and stop["bad"] >= t.early_stopping_patience:
+                stop["stopped"] = True
+        self.console.say(f"[{self.kind}] step {step} valid " +
+                         " ".join(f"{k} {v:.4f}" for k, v in _scalars(met).items()) +
+                         (" (early stop)" if stop["stopped"] else ""))
+
+
+def _scalars(metrics: Dict[str, Any]) -> Dict[str, float]:
+    """The numeric entries of a metrics dict, nested ones flattened as ``outer/inner``
+    (``None`` entries, e.g. a task with one class, are left out)."""
+    out: Dict[str, float] = {}
+    for k, v in metrics.items():
+        if isinstance(v, dict):
+            out.update({f"{k}/{kk}": vv for kk, vv in _scalars(v).items()})
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = float(v)
+    return out

@@ -99,7 +99,7 @@ def test_build_balancer_maps_the_config_modes():
     a2a = build_balancer("all_to_all", MODEL, max_per_rank=4, max_tokens_per_rank=99, allow_empty=False)
     assert isinstance(a2a, AllToAllBalancer)
     assert (a2a.max_per_rank, a2a.max_tokens_per_rank, a2a.allow_empty) == (4, 99, False)
-    with pytest.raises(ValueError, match="mode: must be one of"):
+    with pytest.raises(ValueError, match="mode: .*one of"):
         build_balancer("greedy", MODEL)
     with pytest.raises(ValueError, match="cost_model: required"):
         build_balancer("collator", None)

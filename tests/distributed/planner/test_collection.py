@@ -35,7 +35,7 @@ pytest.importorskip("torchrec")
 
 import torchrec_ascend  # noqa: E402,F401
 from torchrec_ascend.distributed.planner import tables as T  # noqa: E402
-from torchrec_ascend.distributed.planner import validation as V  # noqa: E402
+from torchrec_ascend.distributed.planner import collective_bytes as V  # noqa: E402
 from torchrec_ascend.distributed.planner.collection import (  # noqa: E402
     TwoDimModelParallel, two_dim_model)
 from torchrec_ascend.distributed.planner.two_dim import TwoDimShardingPlanner  # noqa: E402

@@ -28,7 +28,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad  # noqa: E402
 
 from torchrec_ascend.distributed.planner import (  # noqa: E402
     CostModel, HierarchicalShardEstimator, HierarchicalTopology, LinkSpec, PlacedTable, ShardSpec,
-    TableSpec, allreduce_matrix)
+    TableWorkload, allreduce_matrix)
 from torchrec_ascend.distributed.planner.estimators import PHASES, TIME_PHASES  # noqa: E402
 
 H, L = 3, 2
@@ -42,8 +42,8 @@ def _topo(allreduce: str = "hierarchical") -> HierarchicalTopology:
                                 allreduce=allreduce)
 
 
-def _table(pooled: bool, weighted: bool = False, optimizer: str = "sgd") -> TableSpec:
-    return TableSpec(module="ebc" if pooled else "ec", name="t", rows=120, dim=8,
+def _table(pooled: bool, weighted: bool = False, optimizer: str = "sgd") -> TableWorkload:
+    return TableWorkload(module="ebc" if pooled else "ec", name="t", rows=120, dim=8,
                      pooling_factors=(3.0, 1.5), batch_sizes=(10, 6), pooled=pooled,
                      weighted=weighted, optimizer=optimizer)
 
@@ -58,11 +58,11 @@ LAYOUTS = {
 }
 
 
-def _placed(t: TableSpec, stype: str) -> PlacedTable:
+def _placed(t: TableWorkload, stype: str) -> PlacedTable:
     return PlacedTable(t, stype, "fused", tuple(ShardSpec(*s) for s in LAYOUTS[stype]))
 
 
-def _loop_reference(t: TableSpec, pt: PlacedTable, index_bytes=8, length_bytes=8) -> dict:
+def _loop_reference(t: TableWorkload, pt: PlacedTable, index_bytes=8, length_bytes=8) -> dict:
     """Bytes rank src sends rank dst per phase, rank pair by rank pair."""
     m = {p: [[0.0] * W for _ in range(W)] for p in PHASES}
     id_bytes = index_bytes + (4 if t.weighted else 0)
@@ -180,7 +180,7 @@ def test_price_times_and_latencies_by_hand():
     topo = _topo()
     cm = CostModel(topo)
     a = _placed(_table(True), "table_row_wise")
-    b = PlacedTable(TableSpec("ebc", "u", 10, 8, (1.0,), (16,)), "data_parallel", "dense",
+    b = PlacedTable(TableWorkload("ebc", "u", 10, 8, (1.0,), (16,)), "data_parallel", "dense",
                     tuple(ShardSpec(10, 8, 0, 0, r) for r in range(W)))
     cost = cm.price([a, b])
     mats = {p: cm.traffic(a)[p] + cm.traffic(b)[p] for p in PHASES}
@@ -219,9 +219,9 @@ def test_bad_specs():
     with pytest.raises(ValueError, match="latency"):
         LinkSpec(1.0, -1.0)
     with pytest.raises(ValueError, match="pooling_factors"):
-        TableSpec("m", "t", 10, 4, (1.0, 2.0), (4,))
+        TableWorkload("m", "t", 10, 4, (1.0, 2.0), (4,))
     with pytest.raises(ValueError, match="optimizer"):
-        TableSpec("m", "t", 10, 4, (1.0,), (4,), optimizer="lion")
+        TableWorkload("m", "t", 10, 4, (1.0,), (4,), optimizer="lion")
     with pytest.raises(ValueError, match="sharding_type"):
         PlacedTable(_table(True), "diagonal", "fused", (ShardSpec(120, 8, 0, 0, 0),))
     with pytest.raises(ValueError, match="index_bytes"):

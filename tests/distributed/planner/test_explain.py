@@ -18,7 +18,7 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner  # noqa: E402
 from torchrec_ascend.distributed.planner import (  # noqa: E402
     DeviceMemoryReservation, HierarchicalShardingPlanner, HierarchicalTopology, explain)
 from torchrec_ascend.distributed.planner import tables as T  # noqa: E402
-from torchrec_ascend.distributed.planner import validation as V  # noqa: E402
+from torchrec_ascend.distributed.planner import collective_bytes as V  # noqa: E402
 
 
 def _planned():
@@ -70,5 +70,5 @@ def test_torchrec_plan_is_priced_with_the_same_model():
 
 def test_explain_needs_every_table_spec():
     planner, plan, _, _, topo = _planned()
-    with pytest.raises(ValueError, match="TableSpec"):
+    with pytest.raises(ValueError, match="TableWorkload"):
         explain(plan, topo, {})

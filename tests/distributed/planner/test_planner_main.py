@@ -49,15 +49,27 @@ def test_text_on_a_topology_file_in_a_fresh_process(tmp_path):
     assert "ec.item" in out.stdout and "inter-host" in out.stdout
 
 
-@pytest.mark.parametrize("content,match", [
-    ("tables: []\n", "non-empty"),
-    ("batch_size: 8\ntables:\n  - {name: a, rows: 10_000_000_000, dim: 512}\n", "needs"),
+@pytest.mark.parametrize("content,match,name,args", [
+    ("tables: []\n", "non-empty", "t.yaml", []),
+    ("batch_size: 8\ntables:\n  - {name: a, rows: 10_000_000_000, dim: 512}\n", "needs",
+     "t.yaml", []),
+    ("tables:\n  - {name: a, rows: 10, dim: 8\n", "t.yaml' does not parse: ", "t.yaml", []),
+    ('{"tables": [', "t.json' does not parse: Expecting value", "t.json", []),
+    ("tables:\n  - {name: a, rows: 10, dim: 8, sharding_types: [bogus]}\n",
+     "sharding_types ['bogus'] are not TorchRec's (known: data_parallel", "t.yaml", []),
+    ("tables:\n  - {name: a, rows: 10, dim: 8}\n", "--hosts=0: must be an integer >= 1",
+     "t.yaml", ["--hosts", "0"]),
+    ("tables:\n  - {name: a, rows: 10, dim: 8}\n", "800000 ranks; the cost model prices "
+     "every pair of ranks and plans at most 2048 ranks", "t.yaml", ["--hosts", "100000"]),
 ])
-def test_errors_exit_2(tmp_path, capsys, content, match):
-    path = tmp_path / "t.yaml"
+def test_errors_exit_2(tmp_path, capsys, content, match, name, args):
+    path = tmp_path / name
     path.write_text(content)
-    assert main(["--tables", str(path), "--hosts", "1", "--devices-per-host", "2"]) == 2
-    assert match in capsys.readouterr().err
+    args = args or ["--hosts", "1"]
+    assert main(["--tables", str(path), "--devices-per-host", "8" if "--hosts" in args and
+                 args[1] != "1" else "2"] + args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and match in err[0], err
 
 
 @pytest.mark.parametrize("mode", ["2d", "auto"])

@@ -6,7 +6,7 @@ an infeasible model raises HierarchicalPlannerError naming the table and both me
 
 World 4 (2 hosts x 2, LOCAL_WORLD_SIZE=2; slow): collective_plan gives every rank the plan a
 single process computes; an infeasible topology raises on every rank (no hang); the validation
-model (torchrec_ascend.distributed.planner.validation) trained 2 steps under our plan and two
+model (torchrec_ascend.distributed.planner.collective_bytes) trained 2 steps under our plan and two
 forced plans covering every sharding type (gloo) and under our plan on the simulated npu matches
 an unsharded float32 model trained on the same batches (every parameter steps with the mean of
 the ranks' gradients, as DDP and TorchRec's all-to-all backward average them); and the bytes the
@@ -34,12 +34,12 @@ from torchrec_ascend import device as _device  # noqa: E402
 from torchrec_ascend.distributed.planner import (  # noqa: E402
     HierarchicalPlannerError, HierarchicalShardingPlanner, plan_digest)
 from torchrec_ascend.distributed.planner import tables as T  # noqa: E402
-from torchrec_ascend.distributed.planner import validation as V  # noqa: E402
+from torchrec_ascend.distributed.planner import collective_bytes as V  # noqa: E402
 from torchrec_ascend.testing import simulated_npu  # noqa: E402
 from torchrec_ascend.testing import torchrec_workload as W  # noqa: E402
 from torchrec_ascend.testing.multiprocess import rank_device, run_multiprocess  # noqa: E402
 
-from test_validation import check_raw_collectives, count_raw_collectives  # noqa: E402
+from test_collective_bytes import check_raw_collectives, count_raw_collectives  # noqa: E402
 
 BATCH = V.VALIDATION_BATCH
 STEPS = 2

@@ -12,18 +12,18 @@ pytest.importorskip("torchrec")
 
 import torchrec_ascend  # noqa: E402,F401
 from torchrec_ascend.distributed.planner import tables as T  # noqa: E402
-from torchrec_ascend.distributed.planner import validation as V  # noqa: E402
+from torchrec_ascend.distributed.planner import collective_bytes as V  # noqa: E402
 from torchrec_ascend.distributed.planner.estimators import CostModel  # noqa: E402
 from torchrec_ascend.distributed.planner.two_dim import (  # noqa: E402
     ReplicatedCostModel, TwoDimShardingPlanner, choose_parallelism, group_topology)
 from torchrec_ascend.distributed.planner.types import (  # noqa: E402
-    PlacedTable, ShardSpec, TableSpec)
+    PlacedTable, ShardSpec, TableWorkload)
 
 WORLD = V.validation_topology()  # 2 hosts x 2
 
 
 def _table(optimizer="sgd", rows=3000, dim=8, pooled=False):
-    return TableSpec("ec", "item", rows, dim, (6.0,), (64,), pooled=pooled, optimizer=optimizer)
+    return TableWorkload("ec", "item", rows, dim, (6.0,), (64,), pooled=pooled, optimizer=optimizer)
 
 
 def _row_wise(t, L=2):

@@ -16,11 +16,11 @@ class _Stale(torch.nn.Module):
 
 def test_argument_rules():
     m, opt, cpu = torch.nn.Linear(2, 2), None, torch.device("cpu")
-    with pytest.raises(ValueError, match="kind='async'"):
+    with pytest.raises(ValueError, match="kind: 'async' is not one of"):
         make_train_pipeline("async", m, opt, cpu)
     with pytest.raises(ValueError, match="device='cpu'"):
         make_train_pipeline("sync", m, opt, "cpu")
-    with pytest.raises(ValueError, match="staleness=-1"):
+    with pytest.raises(ValueError, match="staleness: -1 is not an integer >= 0"):
         make_train_pipeline("semi_async", m, opt, cpu, staleness=-1)
     for kind in ("sync", "sparse_dist"):
         with pytest.raises(ValueError, match=f"pipeline '{kind}' is synchronous"):
@@ -33,10 +33,10 @@ def test_argument_rules():
         make_train_pipeline("semi_async", m, opt, cpu, staleness=1, prefetch_depth=-1)
     with pytest.raises(ValueError, match="track_versions"):
         make_train_pipeline("sync", m, opt, cpu, track_versions=True)
-    with pytest.raises(ValueError, match="sync_warmup_steps=3: only the 'semi_async'"):
+    with pytest.raises(ValueError, match="sync_warmup_steps: 3 needs staleness >= 1"):
         make_train_pipeline("sparse_dist", m, opt, cpu, sync_warmup_steps=3)
     for bad in (-1, 1.5, True):
-        with pytest.raises(ValueError, match=f"sync_warmup_steps={bad!r}: must be an integer"):
+        with pytest.raises(ValueError, match=f"sync_warmup_steps: {bad!r} is not an integer"):
             make_train_pipeline("semi_async", m, opt, cpu, staleness=1, sync_warmup_steps=bad)
     assert KINDS == ("sync", "sparse_dist", "semi_async")
 

@@ -52,8 +52,9 @@ Communication per ``balance``: two small ``all_gather`` (header; costs + lengths
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
+from ...options import Key, OptionError, check_choice, choices
 from .assign import RankPlanner, bin_loads, imbalance, plan_assignment
 from .collator import BalancedBatchSampler, CollatorBalancer
 from .cost import HSTUCostModel, calibration_key, default_cache_dir
@@ -61,20 +62,31 @@ from .exchange import AllToAllBalancer, BalancedBatch, PendingRestore
 
 __all__ = [
     "AllToAllBalancer", "BalancedBatch", "BalancedBatchSampler", "CollatorBalancer",
-    "HSTUCostModel", "MODES", "PendingRestore", "RankPlanner", "bin_loads", "build_balancer",
-    "calibration_key", "default_cache_dir", "imbalance", "plan_assignment",
+    "BalanceMode", "HSTUCostModel", "MODES", "PendingRestore", "RankPlanner", "bin_loads",
+    "build_balancer", "calibration_key", "check_balance_options", "default_cache_dir",
+    "imbalance", "plan_assignment",
 ]
 
-MODES = ("none", "collator", "all_to_all")
+BalanceMode = Literal["none", "collator", "all_to_all"]
+"""``train.balance``: no balancing, the data-loader side selection, or the all_to_all exchange."""
+MODES = choices(BalanceMode)
 
 
-def build_balancer(mode: str, cost_model: Optional[HSTUCostModel], *, max_per_rank: Optional[int] = None,
+def check_balance_options(balance: BalanceMode, balance_ahead: bool, key: Key = str) -> None:
+    """The balancer options' rule: ``balance_ahead`` (balance the next batch on a worker
+    thread) needs the ``all_to_all`` balancer."""
+    check_choice(key("balance"), balance, BalanceMode)
+    if balance_ahead and balance != "all_to_all":
+        raise OptionError(key("balance_ahead"), f"needs {key('balance')}='all_to_all' "
+                                                f"(got {balance!r})")
+
+
+def build_balancer(mode: BalanceMode, cost_model: Optional[HSTUCostModel], *, max_per_rank: Optional[int] = None,
                    max_tokens_per_rank: Optional[int] = None, allow_empty: bool = True
                    ) -> Union[None, CollatorBalancer, AllToAllBalancer]:
     """The balancer of ``train.balance``: ``"none"`` -> ``None``, ``"collator"`` ->
     :class:`CollatorBalancer`, ``"all_to_all"`` -> :class:`AllToAllBalancer`."""
-    if mode not in MODES:
-        raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
+    check_choice("mode", mode, BalanceMode)
     if mode == "none":
         return None
     if cost_model is None:

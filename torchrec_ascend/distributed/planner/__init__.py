@@ -4,8 +4,8 @@ Shaped like ``torchrec.distributed.planner``: :mod:`.types` (links, tables, plac
 errors), :mod:`.presets` and :mod:`.topology` (hosts x devices, links, memory), :mod:`.estimators`
 (the cost model and TorchRec's ``ShardEstimator``), :mod:`.proposers`, :mod:`.partitioners`,
 :mod:`.perf_models`, :mod:`.storage_reservations`, :mod:`.planners` (the planner), :mod:`.explain`,
-:mod:`.tables` (table files for the CLI), :mod:`.validation` (counting the bytes collectives
-move), :mod:`.two_dim` (2-D parallelism: tables sharded inside a host, replicated across hosts,
+:mod:`.tables` (table files for the CLI), :mod:`.collective_bytes` (counting the bytes collectives
+move), :mod:`.factory` (the planner of ``train.planner`` by name), :mod:`.two_dim` (2-D parallelism: tables sharded inside a host, replicated across hosts,
 synced every N steps) and :mod:`.collection` (TorchRec's ``DMPCollection`` running a 2-D plan),
 and the CLI (``python -m torchrec_ascend.distributed.planner``).  docs/planner.md.
 
@@ -18,7 +18,9 @@ and the CLI (``python -m torchrec_ascend.distributed.planner``).  docs/planner.m
 """
 
 from .estimators import CostModel, HierarchicalShardEstimator, PlanCost, allreduce_matrix
-from .collection import TwoDimModelParallel, two_dim_model
+from .collection import ReplicaMerge, TwoDimModelParallel, two_dim_model
+from .factory import (PLANNER_KINDS, TABLE_SHARDINGS, PlannerKind, TableSharding,
+                      check_planner_options, make_planner)
 from .explain import PlanExplanation, explain
 from .partitioners import HierarchicalPartitioner, PartitionFailure
 from .perf_models import HierarchicalPerfModel
@@ -34,7 +36,7 @@ from .types import (
     LinkSpec,
     PlacedTable,
     ShardSpec,
-    TableSpec,
+    TableWorkload,
     placed_tables_from_plan,
 )
 
@@ -45,7 +47,7 @@ __all__ = [
     "LinkSpec",
     "DevicePreset",
     "PRESETS",
-    "TableSpec",
+    "TableWorkload",
     "ShardSpec",
     "PlacedTable",
     "placed_tables_from_plan",
@@ -67,4 +69,11 @@ __all__ = [
     "choose_parallelism",
     "TwoDimModelParallel",
     "two_dim_model",
+    "ReplicaMerge",
+    "PlannerKind",
+    "PLANNER_KINDS",
+    "TableSharding",
+    "TABLE_SHARDINGS",
+    "check_planner_options",
+    "make_planner",
 ]

@@ -25,7 +25,7 @@ from .presets import PRESETS
 from .proposers import OBJECTIVES
 from .tables import build_module, default_sharders, load_tables, table_constraints
 from .topology import HierarchicalTopology, ensure_device_name
-from .two_dim import TwoDimShardingPlanner, choose_parallelism
+from .two_dim import MODES, TwoDimShardingPlanner, choose_parallelism
 from .types import HierarchicalPlannerError
 
 
@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None,
                    help="per-rank batch size (default: the table file's, else 512)")
     p.add_argument("--objective", default="time", choices=OBJECTIVES)
-    p.add_argument("--mode", default="1d", choices=("1d", "2d", "auto"),
+    p.add_argument("--mode", default="1d", choices=MODES + ("auto",),
                    help="1d: shard over all ranks (default); 2d: shard inside each host, "
                         "replicate across hosts; auto: the better of the two")
     p.add_argument("--sync-every", type=int, default=1,
@@ -64,9 +64,17 @@ def _topology(args: argparse.Namespace) -> HierarchicalTopology:
                                             devices_per_host=args.devices_per_host)
 
 
+def _check_counts(args: argparse.Namespace) -> None:
+    for flag, value in (("--hosts", args.hosts), ("--devices-per-host", args.devices_per_host),
+                        ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag}={value}: must be an integer >= 1")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        _check_counts(args)
         topo = _topology(args)
         tables, file_batch = load_tables(args.tables)
         batch = args.batch_size if args.batch_size is not None else (file_batch or 512)

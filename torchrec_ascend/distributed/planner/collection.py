@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Literal, Optional
 
 import torch
 import torch.distributed as dist
@@ -32,9 +32,14 @@ from torch.distributed.remote_device import _remote_device
 from torchrec.distributed.model_parallel import DistributedModelParallel, DMPCollection
 from torchrec.distributed.types import EnumerableShardingSpec, ModuleSharder, ShardingPlan
 
+from ...options import check_choice, choices
+from ..model_parallel import ReplicaHooks
 from .two_dim import TwoDimShardingPlanner
 
-__all__ = ["TwoDimModelParallel", "two_dim_model"]
+__all__ = ["ReplicaMerge", "TwoDimModelParallel", "two_dim_model"]
+
+ReplicaMerge = Literal["mean", "sum"]
+"""How a sync combines the hosts' replicas (:class:`TwoDimModelParallel`'s ``merge``)."""
 
 # process-group backends without ReduceOp.AVG (gloo; the simulated npu's, gloo underneath)
 _NO_AVG_BACKENDS = frozenset({"gloo", "simnpu"})
@@ -60,7 +65,7 @@ class _RealDevice(DistributedModelParallel):
         super().__init__(module, env, device, *args, **kwargs)
 
 
-class TwoDimModelParallel(DMPCollection, _RealDevice):
+class TwoDimModelParallel(DMPCollection, _RealDevice, ReplicaHooks):
     """TorchRec's ``DMPCollection`` on any device (module docstring); ``sync_every``: steps
     between replica syncs, for :meth:`step_done`.  ``merge``: how a sync combines the replicas
     (weights and optimizer state alike):
@@ -80,18 +85,17 @@ class TwoDimModelParallel(DMPCollection, _RealDevice):
     Arguments otherwise as ``DMPCollection``'s (``custom_all_reduce`` defaults to
     :meth:`average_replicas` on gloo; with ``merge="sum"`` it must be left unset)."""
 
-    MERGES = ("mean", "sum")
+    MERGES = choices(ReplicaMerge)
 
     def __init__(self, module: nn.Module, device: torch.device, plan: ShardingPlan,
                  world_size: int, sharding_group_size: int, global_pg: dist.ProcessGroup,
-                 *, sync_every: int = 1, merge: str = "mean", **kwargs) -> None:
+                 *, sync_every: int = 1, merge: ReplicaMerge = "mean", **kwargs) -> None:
         if not isinstance(sync_every, int) or isinstance(sync_every, bool) or sync_every < 1:
             raise ValueError(f"sync_every={sync_every!r}: must be an integer >= 1")
         if sharding_group_size < 1 or world_size % sharding_group_size:
             raise ValueError(f"sharding_group_size={sharding_group_size}: must divide "
                              f"world_size={world_size}")
-        if merge not in self.MERGES:
-            raise ValueError(f"merge={merge!r}: must be one of {list(self.MERGES)}")
+        check_choice("merge", merge, ReplicaMerge)
         if merge == "sum" and kwargs.get("custom_all_reduce") is not None:
             raise ValueError("custom_all_reduce: must be unset with merge='sum' (the sum of "
                              "the replicas' changes is its own all-reduce)")

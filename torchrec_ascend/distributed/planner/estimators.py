@@ -53,10 +53,11 @@ from torchrec.distributed.types import ShardingType
 from .topology import HierarchicalTopology
 from .types import (
     HOST_GROUP_TYPES,
+    HierarchicalPlannerError,
     OPTIMIZERS,
     PlacedTable,
     ShardSpec,
-    TableSpec,
+    TableWorkload,
     check_ranks,
     optimizer_of,
 )
@@ -108,7 +109,7 @@ def allreduce_matrix(size: float, topology: HierarchicalTopology,
     return out
 
 
-def canonical_placement(table: TableSpec, sharding_type: str, compute_kernel: str,
+def canonical_placement(table: TableWorkload, sharding_type: str, compute_kernel: str,
                         sizes: Sequence[Tuple[Sequence[int], Sequence[int]]],
                         topology: HierarchicalTopology) -> PlacedTable:
     """A placement of shard ``sizes`` ([(size, offset)]) that prices an option before it has
@@ -193,11 +194,18 @@ class PlanCost:
         return float(self.memory.max(initial=0.0))
 
 
+MAX_PRICED_RANKS = 2048
+"""The largest world the cost model prices: it keeps ``[world, world]`` byte matrices per
+collective phase (2048 ranks: 32 MiB each)."""
+
+
 class CostModel:
     """Prices placed tables on a :class:`HierarchicalTopology` (module docstring: the model).
 
-    ``tables`` maps table fqn -> :class:`TableSpec`; the TorchRec components fill it while
-    enumerating (:class:`HierarchicalShardEstimator`) and read it to price sharding options."""
+    ``tables`` maps table fqn -> :class:`TableWorkload`; the TorchRec components fill it while
+    enumerating (:class:`HierarchicalShardEstimator`) and read it to price sharding options.
+    A topology of more than :data:`MAX_PRICED_RANKS` ranks is refused
+    (:class:`HierarchicalPlannerError`) before anything is allocated."""
 
     def __init__(self, topology: HierarchicalTopology, *, index_bytes: int = 8,
                  length_bytes: int = 8, buffer_copies: int = 2,
@@ -209,12 +217,17 @@ class CostModel:
             raise ValueError(f"buffer_copies={buffer_copies}: must be >= 0")
         if bwd_compute_multiplier < 0:
             raise ValueError(f"bwd_compute_multiplier={bwd_compute_multiplier}: must be >= 0")
+        if topology.world_size > MAX_PRICED_RANKS:
+            raise HierarchicalPlannerError(
+                f"topology: {topology.hosts} hosts x {topology.devices_per_host} devices = "
+                f"{topology.world_size} ranks; the cost model prices every pair of ranks and "
+                f"plans at most {MAX_PRICED_RANKS} ranks")
         self.topology = topology
         self.index_bytes = index_bytes
         self.length_bytes = length_bytes
         self.buffer_copies = buffer_copies
         self.bwd_compute_multiplier = bwd_compute_multiplier
-        self.tables: Dict[str, TableSpec] = {}
+        self.tables: Dict[str, TableWorkload] = {}
         self._last_price: Optional[Tuple[tuple, PlanCost]] = None
         self.loads_cache: Dict[tuple, "Loads"] = {}  # canonical unit loads (partitioners.Placer)
         same = topology.same_host()
@@ -223,7 +236,7 @@ class CostModel:
 
     # ------------------------------------------------------------------ one table
 
-    def _id_bytes(self, t: TableSpec) -> int:
+    def _id_bytes(self, t: TableWorkload) -> int:
         return self.index_bytes + (4 if t.weighted else 0)
 
     def traffic(self, pt: PlacedTable) -> Dict[str, np.ndarray]:
@@ -304,7 +317,7 @@ class CostModel:
     def placed(self, so: ShardingOption) -> PlacedTable:
         """A partitioned TorchRec sharding option, with its table's spec."""
         if so.fqn not in self.tables:
-            raise KeyError(f"no TableSpec for {so.fqn!r}: enumerate with "
+            raise KeyError(f"no TableWorkload for {so.fqn!r}: enumerate with "
                            "HierarchicalShardEstimator first")
         return PlacedTable.from_sharding_option(so, self.tables[so.fqn])
 
@@ -458,8 +471,8 @@ def _infer_optimizer(so: ShardingOption, sharder_data_map: Optional[SharderDataM
 
 def table_spec_from_option(so: ShardingOption, batch_sizes: Optional[Sequence[int]] = None,
                            optimizer: Optional[str] = None,
-                           sharder_data_map: Optional[SharderDataMap] = None) -> TableSpec:
-    """The :class:`TableSpec` of an enumerated TorchRec sharding option (its tensor, pooling
+                           sharder_data_map: Optional[SharderDataMap] = None) -> TableWorkload:
+    """The :class:`TableWorkload` of an enumerated TorchRec sharding option (its tensor, pooling
     factors, batch size, pooling, weights, output dtype; the optimizer given or inferred)."""
     rows, dim = int(so.tensor.shape[0]), int(so.tensor.shape[1])
     pfs = tuple(float(p) for p in so.input_lengths)
@@ -469,7 +482,7 @@ def table_spec_from_option(so: ShardingOption, batch_sizes: Optional[Sequence[in
         from torchrec.modules.embedding_configs import data_type_to_dtype
 
         out_bytes = int(data_type_to_dtype(so.output_dtype).itemsize)
-    return TableSpec(
+    return TableWorkload(
         module=so.path, name=so.name, rows=rows, dim=dim, pooling_factors=pfs, batch_sizes=bs,
         pooled=bool(so.is_pooled), weighted=bool(so.is_weighted),
         weight_bytes=int(so.tensor.element_size()), output_bytes=out_bytes,

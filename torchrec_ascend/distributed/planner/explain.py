@@ -17,7 +17,7 @@ from torchrec.distributed.types import ShardingPlan
 
 from .estimators import TIME_PHASES, CostModel, PlanCost
 from .topology import HierarchicalTopology
-from .types import PlacedTable, TableSpec, placed_tables_from_plan
+from .types import PlacedTable, TableWorkload, placed_tables_from_plan
 
 __all__ = ["PlanExplanation", "explain"]
 
@@ -143,7 +143,7 @@ class PlanExplanation:
 
 
 def explain(plan: Union[ShardingPlan, Sequence[PlacedTable]], topology: HierarchicalTopology,
-            tables: Optional[Mapping[str, TableSpec]] = None, *,
+            tables: Optional[Mapping[str, TableWorkload]] = None, *,
             cost_model: Optional[CostModel] = None) -> PlanExplanation:
     """Price ``plan`` (a TorchRec ``ShardingPlan`` with the specs of its tables, keyed by fqn,
     or placed tables) on ``topology`` with ``cost_model`` (default: the default model)."""

@@ -38,6 +38,21 @@ _KEYS = {"name", "rows", "dim", "pooling", "features", "pooled", "sharding_types
          "compute_kernels"}
 
 
+def _sharding_types() -> List[str]:
+    from torchrec.distributed.types import ShardingType
+
+    return [t.value for t in ShardingType]
+
+
+def _compute_kernels() -> List[str]:
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+
+    return [k.value for k in EmbeddingComputeKernel]
+
+
+_KNOWN = {"sharding_types": _sharding_types, "compute_kernels": _compute_kernels}
+
+
 @dataclasses.dataclass(frozen=True)
 class TableRow:
     """One table of a table file."""
@@ -93,6 +108,11 @@ def _table(i: int, d: Mapping[str, Any]) -> TableRow:
             return None
         if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
             raise ValueError(f"{where} ({name}): {key} must be a list of strings, got {v!r}")
+        known = _KNOWN[key]()
+        bad = [x for x in v if x not in known]
+        if bad:
+            raise ValueError(f"{where} ({name}): {key} {bad} are not TorchRec's (known: "
+                             f"{', '.join(known)})")
         return tuple(v)
 
     return TableRow(name, rows, dim, pf, features, pooled, names("sharding_types"),

@@ -335,15 +335,20 @@ def _host_memory_bytes() -> Optional[int]:
 def load_mapping(path: str, what: str) -> Dict[str, Any]:
     """A YAML (``.yaml`` / ``.yml``) or JSON (``.json``) file holding a mapping."""
     ext = os.path.splitext(path)[1].lower()
+    if ext not in (".yaml", ".yml", ".json"):
+        raise ValueError(f"{what} file {path!r}: must end in .yaml, .yml or .json")
     with open(path) as f:
-        if ext in (".yaml", ".yml"):
+        text = f.read()
+    try:
+        if ext == ".json":
+            data = json.loads(text)
+        else:
             import yaml
 
-            data = yaml.safe_load(f)
-        elif ext == ".json":
-            data = json.load(f)
-        else:
-            raise ValueError(f"{what} file {path!r}: must end in .yaml, .yml or .json")
+            data = yaml.safe_load(text)
+    except Exception as e:  # json.JSONDecodeError, yaml.YAMLError: one line naming the file
+        detail = " ".join(str(e).split())
+        raise ValueError(f"{what} file {path!r} does not parse: {detail}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{what} file {path!r}: must hold a mapping, got {type(data).__name__}")
     return data

@@ -39,7 +39,7 @@ from .explain import PlanExplanation
 from .planners import HierarchicalShardingPlanner, TopologyLike, resolve_topology
 from .topology import HierarchicalTopology
 from .types import (HOST_GROUP_TYPES, OPTIMIZERS, HierarchicalPlannerError, PlacedTable,
-                    ShardSpec, TableSpec)
+                    ShardSpec, TableWorkload)
 
 __all__ = [
     "MODES",
@@ -92,7 +92,7 @@ class ReplicatedCostModel(CostModel):
     # ------------------------------------------------------------------ one table
 
     @staticmethod
-    def sync_bytes(table: TableSpec, shard: ShardSpec) -> float:
+    def sync_bytes(table: TableWorkload, shard: ShardSpec) -> float:
         """Bytes one replica of ``shard`` all-reduces per sync: weights and the fp32 optimizer
         state (``DMPCollection.sync`` averages both)."""
         per_el, per_row = OPTIMIZERS[table.optimizer]

@@ -1,7 +1,7 @@
 """Data types of the hierarchical planner: links, tables, placed shards, errors.
 
 The cost model (:mod:`.estimators`) prices a :class:`PlacedTable` — one table's workload
-(:class:`TableSpec`) plus the shards a plan gives it (:class:`ShardSpec`, each on a global rank).
+(:class:`TableWorkload`) plus the shards a plan gives it (:class:`ShardSpec`, each on a global rank).
 Both planners' outputs convert to it: a TorchRec ``ShardingOption`` whose shards have ranks
 (:meth:`PlacedTable.from_sharding_option`) and a TorchRec ``ShardingPlan`` with the tables'
 specs (:func:`placed_tables_from_plan`), so TorchRec's own plans are priced with the same
@@ -19,7 +19,7 @@ from torchrec.distributed.types import ShardingPlan, ShardingType
 
 __all__ = [
     "LinkSpec",
-    "TableSpec",
+    "TableWorkload",
     "ShardSpec",
     "PlacedTable",
     "HierarchicalPlannerError",
@@ -66,7 +66,7 @@ class LinkSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class TableSpec:
+class TableWorkload:
     """The workload of one embedding table, as the cost model needs it.
 
     ``pooling_factors``: mean ids per sample of each feature the table serves;
@@ -141,7 +141,7 @@ class ShardSpec:
 class PlacedTable:
     """A table with the sharding a plan gives it (data-parallel: one full shard per rank)."""
 
-    table: TableSpec
+    table: TableWorkload
     sharding_type: str
     compute_kernel: str
     shards: Tuple[ShardSpec, ...]
@@ -159,7 +159,7 @@ class PlacedTable:
         return tuple(s.rank for s in self.shards)
 
     @staticmethod
-    def from_sharding_option(so: ShardingOption, table: TableSpec) -> "PlacedTable":
+    def from_sharding_option(so: ShardingOption, table: TableWorkload) -> "PlacedTable":
         """From a TorchRec sharding option whose shards have ranks (a partitioned plan)."""
         shards = []
         for shard in so.shards:
@@ -171,7 +171,7 @@ class PlacedTable:
         return PlacedTable(table, so.sharding_type, so.compute_kernel, tuple(shards))
 
 
-def placed_tables_from_plan(plan: ShardingPlan, tables: Mapping[str, TableSpec],
+def placed_tables_from_plan(plan: ShardingPlan, tables: Mapping[str, TableWorkload],
                             world_size: int) -> List[PlacedTable]:
     """Every table of a TorchRec ``ShardingPlan`` with its spec (``tables`` keyed by fqn,
     ``<module path>.<table>``); a table of the plan without a spec is an error."""
@@ -180,7 +180,7 @@ def placed_tables_from_plan(plan: ShardingPlan, tables: Mapping[str, TableSpec],
         for name, ps in sorted(plan.plan[path].items()):  # type: ignore[union-attr]
             fqn = f"{path}.{name}"
             if fqn not in tables:
-                raise ValueError(f"plan: table {fqn!r} has no TableSpec (known: {sorted(tables)})")
+                raise ValueError(f"plan: table {fqn!r} has no TableWorkload (known: {sorted(tables)})")
             spec = tables[fqn]
             if ps.sharding_spec is None:  # data parallel: the whole table on each of its ranks
                 ranks: Iterable[int] = ps.ranks if ps.ranks else range(world_size)

@@ -42,12 +42,12 @@ The one entry point the trainer calls::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional
 
 import torch
 from torch import nn
 
-from ..semi_async import check_staleness
+from ...options import Key, OptionError, check_choice, choices
 from .base import InstrumentedPipeline
 from .faults import WATCHDOG_EXIT_CODE, PeerFailureError, StepWatchdog
 from .semi_async import SemiAsyncPipeline
@@ -58,6 +58,8 @@ from .timeline import draw_timeline
 
 __all__ = [
     "KINDS",
+    "PipelineKind",
+    "check_pipeline_options",
     "COMPUTE_STAGES",
     "STAGES",
     "InstrumentedPipeline",
@@ -72,24 +74,56 @@ __all__ = [
     "make_train_pipeline",
 ]
 
-KINDS = ("sync", "sparse_dist", "semi_async")
+PipelineKind = Literal["sync", "sparse_dist", "semi_async"]
+"""``train.pipeline``: the plain loop, TorchRec's TrainPipelineSparseDist, or the k-ahead
+semi-asynchronous schedule."""
+KINDS = choices(PipelineKind)
 
 
-def make_train_pipeline(kind: str, model: nn.Module, optimizer: torch.optim.Optimizer,
+def _count(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise OptionError(key, f"{value!r} is not an integer >= 0")
+    return value
+
+
+def check_pipeline_options(kind: PipelineKind, staleness: int, sync_warmup_steps: int = 0,
+                           track_versions: bool = False, key: Key = str) -> None:
+    """The pipeline options' rules, in one place (the trainer's config and
+    :func:`make_train_pipeline` both call it): ``kind`` one of :data:`KINDS`; ``staleness`` k
+    >= 0, and k >= 1 only with ``semi_async`` (the others are synchronous);
+    ``sync_warmup_steps`` >= 0, and > 0 only with k >= 1; ``track_versions`` only with
+    ``semi_async``.  ``key`` names the options in the error (:data:`~torchrec_ascend.options.Key`)."""
+    check_choice(key("pipeline"), kind, PipelineKind)
+    _count(key("staleness"), staleness)
+    _count(key("sync_warmup_steps"), sync_warmup_steps)
+    if staleness and kind != "semi_async":
+        raise OptionError(key("staleness"), f"{staleness} needs {key('pipeline')}='semi_async' "
+                                            f"(pipeline {kind!r} is synchronous: 0 only)")
+    if sync_warmup_steps and not staleness:
+        raise OptionError(key("sync_warmup_steps"),
+                          f"{sync_warmup_steps} needs {key('staleness')} >= 1 (at staleness 0 "
+                          "every step is synchronous)")
+    if track_versions and kind != "semi_async":
+        raise OptionError(key("track_versions"), "only the 'semi_async' pipeline tracks versions")
+
+
+def _argument(name: str) -> str:
+    return "kind" if name == "pipeline" else name
+
+
+def make_train_pipeline(kind: PipelineKind, model: nn.Module, optimizer: torch.optim.Optimizer,
                         device: torch.device, *, staleness: Optional[int] = None,
                         on_step: Optional[Callable[[dict], None]] = None,
                         step_timeout_s: Optional[float] = None, track_versions: bool = False,
                         sync_warmup_steps: int = 0,
                         **torchrec_kwargs: Any) -> InstrumentedPipeline:
     """The pipeline ``kind`` over ``model`` (arguments in the module docstring)."""
-    if kind not in KINDS:
-        raise ValueError(f"kind={kind!r}: must be one of {', '.join(KINDS)}")
     if not isinstance(device, torch.device):
         raise ValueError(f"device={device!r}: must be a torch.device")
     model_staleness = getattr(model, "staleness", None)
     if staleness is None:
         staleness = model_staleness if model_staleness is not None else 0
-    staleness = check_staleness(staleness)
+    check_pipeline_options(kind, staleness, sync_warmup_steps, track_versions, key=_argument)
     if model_staleness is not None and staleness != model_staleness:
         raise ValueError(f"staleness={staleness}: must equal model.staleness={model_staleness} "
                          "(set it on DistributedModelParallel(..., staleness=k))")
@@ -98,14 +132,6 @@ def make_train_pipeline(kind: str, model: nn.Module, optimizer: torch.optim.Opti
         return SemiAsyncPipeline(model, optimizer, device, staleness=staleness,
                                  track_versions=track_versions,
                                  sync_warmup_steps=sync_warmup_steps, **common, **torchrec_kwargs)
-    if staleness:
-        raise ValueError(f"staleness={staleness}: pipeline {kind!r} is synchronous, it needs "
-                         "staleness 0 (use kind='semi_async' for k >= 1)")
-    if track_versions:
-        raise ValueError("track_versions: only the 'semi_async' pipeline tracks versions")
-    if sync_warmup_steps:
-        raise ValueError(f"sync_warmup_steps={sync_warmup_steps!r}: only the 'semi_async' "
-                         f"pipeline has a warm-up ({kind!r} is synchronous throughout)")
     if kind == "sync":
         if torchrec_kwargs:
             raise ValueError(f"{sorted(torchrec_kwargs)}: the 'sync' pipeline takes no "

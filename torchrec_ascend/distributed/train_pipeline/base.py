@@ -1,7 +1,7 @@
 """What every pipeline of this package shares: step records, the watchdog, peer failures.
 
-:class:`InstrumentedPipeline` is a mixin placed before a TorchRec pipeline class (or used
-alone).  Its :meth:`progress` runs the subclass's :meth:`_step` under the watchdog, turns a
+:class:`InstrumentedPipeline` is TorchRec's ``TrainPipeline`` interface (``progress``) as a
+mixin placed before a TorchRec pipeline class (or used alone).  Its :meth:`progress` runs the subclass's :meth:`_step` under the watchdog, turns a
 collective failing on a lost peer into :class:`PeerFailureError`, closes the step's record
 (:class:`StageTimer`) and hands it to ``on_step`` and ``last_stats``.
 """
@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator, List, Optional
 
 import torch.distributed as dist
 from torch import nn
+from torchrec.distributed.train_pipeline.train_pipelines import TrainPipeline
 
 from .faults import PeerFailureError, StepWatchdog, is_peer_failure
 from .stages import StageTimer
@@ -25,8 +26,10 @@ def dense_grad_sync_of(model: nn.Module) -> Any:
     return getattr(model, "dense_grad_sync", None)
 
 
-class InstrumentedPipeline:
-    """Mixin: ``progress(iterator)`` with per-step records, watchdog and failure wrapping."""
+class InstrumentedPipeline(TrainPipeline):
+    """TorchRec's ``TrainPipeline``: ``progress(iterator)`` with per-step records, watchdog and
+    failure wrapping.  Every pipeline also has ``detach()`` (the model with no batch in flight,
+    for evaluation; TorchRec's pipelines have their own) and :meth:`close`."""
 
     kind: str = ""
 
@@ -40,6 +43,9 @@ class InstrumentedPipeline:
         self.stats: List[dict] = []
         self.steps_done = 0
         self.stage_now = "start"
+
+    def close(self) -> None:
+        """Stop the pipeline's background work (a batch thread); nothing by default."""
 
     def _step(self, iterator: Iterator[Any]) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -4,25 +4,35 @@
   NCCL: their DistBackendError) surfaces from ``progress()`` as :class:`PeerFailureError`, naming
   the rank, the step and the stage it was in.
 * :class:`StepWatchdog` bounds a step's wall time: when a step runs longer than
-  ``step_timeout_s`` (a peer hangs, or died without closing its sockets) it prints a clear
+  ``step_timeout_s`` (a peer hangs, or died without closing its sockets) it prints a one-line
   error to stderr and ends the process with :data:`WATCHDOG_EXIT_CODE` — a rank blocked inside a
   collective cannot be interrupted from Python, so exiting is the only way not to hang.
+  ``"auto"`` adapts the limit to the steps seen: :data:`AUTO_FIRST_S` until
+  :data:`AUTO_WARMUP` steps were timed, then the larger of :data:`AUTO_MIN_S` and
+  :data:`AUTO_FACTOR` times the slowest of the last :data:`AUTO_WINDOW` steps.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import sys
 import threading
 import time
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 import torch.distributed as dist
 
-__all__ = ["PeerFailureError", "StepWatchdog", "WATCHDOG_EXIT_CODE", "is_peer_failure"]
+__all__ = ["PeerFailureError", "StepWatchdog", "WATCHDOG_EXIT_CODE", "is_peer_failure",
+           "AUTO_FIRST_S", "AUTO_MIN_S", "AUTO_FACTOR", "AUTO_WINDOW", "AUTO_WARMUP"]
 
 WATCHDOG_EXIT_CODE = 75
+AUTO_FIRST_S = 600.0  # "auto": the limit of the first steps (start-up, lazy initialisation)
+AUTO_WARMUP = 3  # "auto": steps timed before the adaptive limit applies
+AUTO_MIN_S = 30.0  # "auto": the adaptive limit is never below this
+AUTO_FACTOR = 20.0  # "auto": ... and at least this many times the slowest recent step
+AUTO_WINDOW = 50  # "auto": the recent steps
 
 _PEER_SIGNS = ("connection closed by peer", "connection reset by peer", "broken pipe",
                "connection refused", "timed out", "timeout", "socket closed", "pair.cc")
@@ -48,34 +58,54 @@ def is_peer_failure(exc: BaseException) -> bool:
 
 
 class StepWatchdog:
-    """Ends the process when one step runs longer than ``timeout_s`` (None: never)."""
+    """Ends the process when one step runs longer than its limit: ``timeout_s`` seconds, None
+    (never), or ``"auto"`` (module docstring).  :meth:`watch` nests: an inner block (the
+    pipeline's step) inside an outer one (the trainer's step with its loss all-reduce) keeps the
+    outer deadline when it ends."""
 
-    def __init__(self, timeout_s: Optional[float]) -> None:
-        if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(f"step_timeout_s={timeout_s!r}: must be > 0 seconds or None")
+    def __init__(self, timeout_s: Union[float, str, None]) -> None:
+        if timeout_s != "auto" and timeout_s is not None and not (
+                isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            raise ValueError(f"step_timeout_s={timeout_s!r}: must be > 0 seconds, 'auto' or None")
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._deadline: Optional[float] = None
+        self._limit = 0.0
         self._what = ""
+        self._depth = 0
+        self._recent: collections.deque = collections.deque(maxlen=AUTO_WINDOW)
+        self._timed = 0
         self._thread: Optional[threading.Thread] = None
+
+    def limit(self) -> Optional[float]:
+        """The limit (seconds) of the next step."""
+        if self.timeout_s is None:
+            return None
+        if self.timeout_s != "auto":
+            return float(self.timeout_s)
+        if self._timed < AUTO_WARMUP:
+            return AUTO_FIRST_S
+        return max(AUTO_MIN_S, AUTO_FACTOR * max(self._recent))
 
     def _run(self) -> None:
         while True:
-            time.sleep(min(0.05, self.timeout_s / 10))
+            time.sleep(0.05)
             with self._lock:
                 late = self._deadline is not None and time.monotonic() > self._deadline
-                what = self._what
+                what, limit = self._what, self._limit
             if late:
+                within = (f"step_timeout_s=auto ({limit:.0f} s)" if self.timeout_s == "auto"
+                          else f"step_timeout_s={self.timeout_s} s")
                 sys.stderr.write(
-                    f"torchrec_ascend train pipeline: rank {_rank()}: {what} did not finish "
-                    f"within step_timeout_s={self.timeout_s} s (a peer rank died or hangs); "
-                    f"exiting with code {WATCHDOG_EXIT_CODE}\n")
+                    f"error: rank {_rank()}: {what} did not finish within {within}: a peer "
+                    f"rank died or hangs; exiting with code {WATCHDOG_EXIT_CODE}\n")
                 sys.stderr.flush()
                 os._exit(WATCHDOG_EXIT_CODE)
 
     @contextlib.contextmanager
     def watch(self, what: str) -> Iterator[None]:
-        """Arm the watchdog for the block (described as ``what`` in the error)."""
+        """Arm the watchdog for the block (described as ``what`` in the error); the outermost
+        block's time feeds ``"auto"``."""
         if self.timeout_s is None:
             yield
             return
@@ -83,11 +113,20 @@ class StepWatchdog:
             self._thread = threading.Thread(target=self._run, name="tra-step-watchdog",
                                             daemon=True)
             self._thread.start()
+        tic = time.monotonic()
         with self._lock:
-            self._deadline = time.monotonic() + self.timeout_s
-            self._what = what
+            outer = self._depth > 0
+            self._depth += 1
+            if not outer:
+                self._limit = self.limit()  # type: ignore[assignment]
+                self._deadline = tic + self._limit
+                self._what = what
         try:
             yield
         finally:
             with self._lock:
-                self._deadline = None
+                self._depth -= 1
+                if self._depth == 0:
+                    self._deadline = None
+                    self._recent.append(time.monotonic() - tic)
+                    self._timed += 1

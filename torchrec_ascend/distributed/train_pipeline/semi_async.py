@@ -39,8 +39,8 @@ from torch import nn
 
 from torchrec.distributed.train_pipeline.train_pipelines import TrainPipelineSemiSync
 
-from ..semi_async import check_staleness
-from ..semi_async_versions import ParameterVersions
+from ..model_parallel import check_staleness
+from ..parameter_versions import ParameterVersions
 from .base import InstrumentedPipeline, dense_grad_sync_of
 from .prefetch import BatchPrefetcher
 from .stages import StageTimer

@@ -28,10 +28,15 @@ class SyncPipeline(InstrumentedPipeline):
                  *, timer: Optional[StageTimer] = None,
                  on_step: Optional[Callable[[dict], None]] = None,
                  step_timeout_s: Optional[float] = None) -> None:
+        super().__init__()
         self._model = model
         self._optimizer = optimizer
         self._device = device
         self._init_instrumentation(timer, on_step, step_timeout_s)
+
+    def detach(self) -> nn.Module:
+        """The model (nothing is ever in flight between two steps)."""
+        return self._model
 
     def _step(self, iterator: Iterator[Any]) -> Any:
         i = self.steps_done

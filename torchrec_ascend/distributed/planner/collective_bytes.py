@@ -32,6 +32,7 @@ from torchrec import (EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingColle
                       EmbeddingConfig, KeyedJaggedTensor)
 from torchrec.distributed.types import ShardingPlan
 
+from .. import sharded_state
 from .estimators import PlanCost, allreduce_matrix
 from .tables import TableRow
 from .topology import HierarchicalTopology
@@ -332,13 +333,10 @@ def local_pieces(dmp: nn.Module) -> Dict[str, List[Tuple[List[int], torch.Tensor
     for key, value in dmp.state_dict().items():
         if not key.startswith(("ebc.", "ec.")):
             continue
-        if hasattr(value, "local_shards"):
-            out[key] = [(list(s.metadata.shard_offsets), s.tensor) for s in value.local_shards()]
-        elif hasattr(value, "to_local") and hasattr(value.to_local(), "local_offsets"):
-            local = value.to_local()  # TorchRec's LocalShardsWrapper: offsets are global
-            out[key] = [(list(o), t) for o, t in zip(local.local_offsets(), local.local_shards())
-                        if t.numel()]
-        elif hasattr(value, "to_local"):
+        pieces = sharded_state.local_pieces(value)
+        if pieces is not None:
+            out[key] = pieces
+        else:  # a DTensor without offsets: the (remapped) plan says where it goes
             module, _, table, _ = key.split(".")
             ps = dmp.plan.plan[module][table]  # type: ignore[union-attr,index]
             mine = [m for m in ps.sharding_spec.shards if m.placement.rank() == rank]
@@ -350,8 +348,6 @@ def local_pieces(dmp: nn.Module) -> Dict[str, List[Tuple[List[int], torch.Tensor
                 raise ValueError(f"local_pieces: {key}: local tensor {list(local.shape)}, "
                                  f"plan shard {list(mine[0].shard_sizes)}")
             out[key] = [(list(mine[0].shard_offsets), local)] if mine else []
-        else:
-            out[key] = [([0] * value.dim(), value)]
     return out
 
 

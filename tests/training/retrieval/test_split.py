@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from torchrec_ascend.datasets import Sequences
-from torchrec_ascend.training.split import leave_one_out, leave_two_out
+from torchrec_ascend.training.retrieval.split import leave_one_out, leave_two_out
 
 
 def seqs(lens, seed=0, num_items=50):

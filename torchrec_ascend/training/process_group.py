@@ -1,14 +1,9 @@
-"""Process group and data parallelism for the trainer.
+"""The trainer's process group.
 
 * :func:`init_distributed`: the job's process group -- an existing one, torchrun's environment
   (``RANK`` / ``WORLD_SIZE``), or a size-1 group for a plain ``python`` run -- with the backend
   of the training device (:func:`torchrec_ascend.device.process_group_backend`: gloo on cpu,
   gloo + HCCL on npu, gloo + NCCL on cuda).
-* :class:`SumDataParallelWrapper`: the dense part under DDP with the current arguments
-  (``forward_sync_buffers``, not the deprecated ``broadcast_buffers``) and a comm hook that
-  **sums** gradients over ranks instead of averaging them.  The trainer scales each rank's loss
-  by 1 / (queries of the global batch), so the summed dense gradients -- like the sharded
-  table's, which TorchRec's backward sums -- equal the single-process gradient.
 * :func:`raise_on_every_rank`: run a step that may fail on some ranks; if any rank failed,
   every rank raises the first failure (no rank is left waiting in a collective).
 """
@@ -26,7 +21,7 @@ import torch.distributed as dist
 
 from .. import device as _device
 
-__all__ = ["DistEnv", "init_distributed", "SumDataParallelWrapper", "raise_on_every_rank"]
+__all__ = ["DistEnv", "init_distributed", "raise_on_every_rank"]
 
 T = TypeVar("T")
 
@@ -64,40 +59,6 @@ def init_distributed(device_type: Optional[str] = None) -> DistEnv:
         device = torch.device(kind, local_rank)
         _device.device_module(kind).set_device(device)
     return DistEnv(rank, world, local_rank, local_world, device, created)
-
-
-def _sum_hook(state, bucket):  # DDP checks the annotations: none (strings would fail its check)
-    """DDP comm hook: all-reduce SUM of the bucket (no division by the world size)."""
-    group = state if state is not None else dist.group.WORLD
-    fut = dist.all_reduce(bucket.buffer(), group=group, async_op=True).get_future()
-    return fut.then(lambda f: f.value()[0])
-
-
-class SumDataParallelWrapper:
-    """TorchRec ``DataParallelWrapper``: DDP over the unsharded parameters, gradients summed."""
-
-    def __init__(self, bucket_cap_mb: int = 25, static_graph: bool = True) -> None:
-        self.bucket_cap_mb, self.static_graph = bucket_cap_mb, static_graph
-
-    def wrap(self, dmp: Any, env: Any, device: torch.device) -> None:
-        from torch.nn.parallel import DistributedDataParallel
-        from torchrec.distributed.model_parallel import DistributedModelParallel
-
-        if isinstance(dmp._dmp_wrapped_module, DistributedDataParallel):
-            return
-        ignore = set(DistributedModelParallel._sharded_parameter_names(dmp._dmp_wrapped_module))
-        if not set(dict(dmp.named_parameters())) - ignore:
-            return
-        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
-            module=dmp._dmp_wrapped_module, params_and_buffers_to_ignore=ignore)
-        ddp = DistributedDataParallel(
-            module=dmp._dmp_wrapped_module.to(device),
-            device_ids=None if device.type == "cpu" else [device],
-            process_group=env.process_group, gradient_as_bucket_view=True,
-            forward_sync_buffers=False, static_graph=self.static_graph,
-            bucket_cap_mb=self.bucket_cap_mb)
-        ddp.register_comm_hook(env.process_group, _sum_hook)
-        dmp._dmp_wrapped_module = ddp
 
 
 def raise_on_every_rank(fn: Callable[[], T]) -> T:

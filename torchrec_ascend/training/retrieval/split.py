@@ -27,32 +27,21 @@ the shape of a training window's last query.  docs/training.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Dict, Literal, Tuple
 
 import numpy as np
 
-from ..datasets import Sequences
+from ...datasets import DataError, Sequences
+from ...datasets.ragged import offsets_of, ranges
+from ...options import choices
 
-__all__ = ["Split", "leave_two_out", "leave_one_out", "HOLDOUTS", "EVAL_SPLITS"]
+__all__ = ["Split", "leave_two_out", "leave_one_out", "hold_out", "Holdout", "HOLDOUTS",
+           "EVAL_SPLITS"]
 
 EVAL_SPLITS = ("valid", "test")
-HOLDOUTS = ("leave_two_out", "leave_one_out")
-
-
-def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Concatenation of ``arange(s, e)`` for every pair (vectorised)."""
-    lens = np.maximum(ends - starts, 0)
-    total = int(lens.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    first = np.repeat(starts - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
-    return first + np.arange(total, dtype=np.int64)
-
-
-def _offsets(lengths: np.ndarray) -> np.ndarray:
-    off = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=off[1:])
-    return off
+Holdout = Literal["leave_two_out", "leave_one_out"]
+"""``eval.holdout``: which of each user's last positives are held out (module docstring)."""
+HOLDOUTS = choices(Holdout)
 
 
 @dataclass
@@ -75,6 +64,7 @@ class Split:
     test_times: np.ndarray
     num_items: int
     has_valid: bool = True
+    duplicates_dropped: int = 0
 
     @property
     def num_users(self) -> int:
@@ -83,6 +73,20 @@ class Split:
     @property
     def prefix_lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
+
+    def targets_in_history(self) -> Dict[str, int]:
+        """Per evaluated split, how many users' target item is already in their history (a
+        re-consumed item: filtered with the history, so a miss for every model)."""
+        out = {}
+        users = np.arange(self.num_users)
+        for which in EVAL_SPLITS:
+            if which == "valid" and not self.has_valid:
+                continue
+            hist, off = self.history(users, which)
+            owner = np.repeat(users, np.diff(off))
+            tgt = self.targets(users, which)
+            out[which] = int(len(np.unique(owner[hist == tgt[owner]])))
+        return out
 
     def item_counts(self) -> np.ndarray:
         """Occurrences of each item in the training prefixes (the most-popular baseline)."""
@@ -97,7 +101,7 @@ class Split:
         ``max_len`` training items."""
         ends = self.offsets[users + 1]
         starts = np.maximum(self.offsets[users], ends - max_len)
-        return _ranges(starts, ends), _offsets(ends - starts)
+        return ranges(starts, ends), offsets_of(ends - starts)
 
     def targets(self, users: np.ndarray, which: str) -> np.ndarray:
         if which not in EVAL_SPLITS:
@@ -110,12 +114,12 @@ class Split:
     def history(self, users: np.ndarray, which: str) -> Tuple[np.ndarray, np.ndarray]:
         """The full history of each user for ``which`` (ids, offsets): the training prefix, plus
         the validation item for ``test``."""
-        idx = _ranges(self.offsets[users], self.offsets[users + 1])
+        idx = ranges(self.offsets[users], self.offsets[users + 1])
         lens = self.prefix_lengths[users]
         self.targets(users, which)
         if which == "valid" or not self.has_valid:  # the prefix is the whole history
-            return self.items[idx], _offsets(lens)
-        off = _offsets(lens + 1)
+            return self.items[idx], offsets_of(lens)
+        off = offsets_of(lens + 1)
         ids = np.empty(off[-1], dtype=np.int64)
         last = off[1:] - 1
         mask = np.ones(off[-1], dtype=bool)
@@ -129,12 +133,12 @@ class Split:
         """Model inputs for evaluation (module docstring): ``items, times, actions, offsets``
         of (last ``max_len - 1`` history items + the request token) and the query positions
         (the token before each request token)."""
-        hist_idx = _ranges(self.offsets[users], self.offsets[users + 1])
+        hist_idx = ranges(self.offsets[users], self.offsets[users + 1])
         lens = self.prefix_lengths[users]
         items, times, actions = self.items[hist_idx], self.times[hist_idx], self.actions[hist_idx]
         self.targets(users, which)
         if which == "test" and self.has_valid:  # append the validation item to each history
-            off = _offsets(lens + 1)
+            off = offsets_of(lens + 1)
             keep = np.ones(off[-1], dtype=bool)
             keep[off[1:] - 1] = False
             it, tm, ac = (np.empty(off[-1], dtype=a.dtype) for a in (items, times, actions))
@@ -142,10 +146,10 @@ class Split:
             it[~keep], tm[~keep] = self.valid_items[users], self.valid_times[users]
             ac[~keep] = self.valid_actions[users]
             items, times, actions, lens = it, tm, ac, lens + 1
-        hist_off = _offsets(lens)
+        hist_off = offsets_of(lens)
         keep_n = np.minimum(lens, max_len - 1)
-        sel = _ranges(hist_off[1:] - keep_n, hist_off[1:])
-        out_off = _offsets(keep_n + 1)
+        sel = ranges(hist_off[1:] - keep_n, hist_off[1:])
+        out_off = offsets_of(keep_n + 1)
         req = out_off[1:] - 1
         tok = np.ones(out_off[-1], dtype=bool)
         tok[req] = False
@@ -158,10 +162,13 @@ class Split:
         return o_items, o_times, o_act, out_off, req - 1
 
 
-def _hold_out(seqs: Sequences, holdout: str) -> Split:
+def hold_out(seqs: Sequences, holdout: Holdout) -> Split:
+    """Hold out each user's last positive (test) and, for ``leave_two_out``, the one before it
+    (validation); users need >= 3 positives."""
     lens = seqs.lengths
     if len(lens) == 0:
-        raise ValueError("seqs: no users (the data set has no user with enough positives)")
+        raise DataError(seqs.source or "data", 0, None,
+                        "no user has enough positive events (data.min_len)")
     if (lens < 3).any():  # the same users under both holdouts: the same test set
         raise ValueError(f"seqs: every user needs at least 3 positive events for {holdout} "
                          f"(min_len >= 3); {int((lens < 3).sum())} have fewer")
@@ -176,18 +183,18 @@ def _hold_out(seqs: Sequences, holdout: str) -> Split:
     items = np.asarray(seqs.items).astype(np.int64)
     actions = np.asarray(seqs.actions).astype(np.uint8)
     return Split(items[keep], times_s[keep], actions[keep],
-                 _offsets(lens - (2 if has_valid else 1)),
+                 offsets_of(lens - (2 if has_valid else 1)),
                  items[valid], times_s[valid], actions[valid], items[test], times_s[test],
-                 int(seqs.num_items), has_valid)
+                 int(seqs.num_items), has_valid, int(seqs.duplicates_dropped))
 
 
 def leave_two_out(seqs: Sequences) -> Split:
     """Hold out each user's last two positives (validation, test); users need >= 3."""
-    return _hold_out(seqs, "leave_two_out")
+    return hold_out(seqs, "leave_two_out")
 
 
 def leave_one_out(seqs: Sequences) -> Split:
     """Hold out each user's last positive (test) and train on the rest, validation item
     included: the reference's protocol (module docstring); users need >= 3, as for
     :func:`leave_two_out`, so both test the same users."""
-    return _hold_out(seqs, "leave_one_out")
+    return hold_out(seqs, "leave_one_out")

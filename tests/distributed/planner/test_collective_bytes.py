@@ -15,7 +15,7 @@ pytest.importorskip("torchrec")
 import torchrec_ascend  # noqa: E402,F401
 
 from torchrec_ascend.distributed.planner import HierarchicalTopology, allreduce_matrix  # noqa: E402
-from torchrec_ascend.distributed.planner import validation as V  # noqa: E402
+from torchrec_ascend.distributed.planner import collective_bytes as V  # noqa: E402
 from torchrec_ascend.distributed.planner.estimators import CostModel  # noqa: E402
 
 W = 4

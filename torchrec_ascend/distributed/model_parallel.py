@@ -1,4 +1,5 @@
-"""``DistributedModelParallel`` with a staleness bound: TorchRec's DMP plus ``staleness: int``.
+"""``DistributedModelParallel`` with a staleness bound: TorchRec's DMP plus ``staleness: int``,
+and :class:`ReplicaHooks`, what a trainer calls on every model wrapper.
 
 ``DistributedModelParallel(module, env=None, device=None, plan=None, sharders=None,
 init_data_parallel=True, init_parameters=True, data_parallel_wrapper=None,
@@ -19,7 +20,8 @@ model_tracker_configs=None, staleness=0)`` takes TorchRec's arguments unchanged.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+import contextlib
+from typing import Any, Iterator, List, Optional
 
 import torch
 from torch import nn
@@ -30,9 +32,32 @@ from torchrec.distributed.model_parallel import (
 )
 from torchrec.distributed.types import ModuleSharder, ShardingEnv, ShardingPlan
 
-from .semi_async_grads import DeferredGradWrapper, DenseGradSync, UnsyncedGradientsError
+from .data_parallel import DeferredGradWrapper, DenseGradSync, UnsyncedGradientsError
 
-__all__ = ["DistributedModelParallel", "UnsyncedGradientsError", "check_staleness"]
+__all__ = ["DistributedModelParallel", "ReplicaHooks", "UnsyncedGradientsError",
+           "check_staleness"]
+
+
+class ReplicaHooks:
+    """What a trainer calls on every model wrapper, with the defaults of a model held once
+    (1-D parallelism); :class:`~.planner.TwoDimModelParallel` (replicas across hosts) overrides
+    them."""
+
+    def step_done(self) -> bool:
+        """Count a finished optimizer step; returns whether the replicas were merged now."""
+        return False
+
+    def sync_replicas(self) -> bool:
+        """Merge the replicas now if they differ (collective); returns whether it did."""
+        return False
+
+    @contextlib.contextmanager
+    def merged_weights(self) -> Iterator[None]:
+        """Inside: the weights a merge would make (for an evaluation); the model's own after."""
+        yield
+
+    def restart_count(self, steps: int) -> None:
+        """Resume the step count at ``steps`` (after loading a checkpoint)."""
 
 
 def check_staleness(staleness: Any, name: str = "staleness") -> int:
@@ -42,7 +67,7 @@ def check_staleness(staleness: Any, name: str = "staleness") -> int:
     return staleness
 
 
-class DistributedModelParallel(_TorchRecDMP):
+class DistributedModelParallel(_TorchRecDMP, ReplicaHooks):
     """TorchRec's ``DistributedModelParallel`` plus ``staleness`` (see the module docstring)."""
 
     def __init__(

@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("torchrec")
 
-from torchrec_ascend.distributed.semi_async_versions import ParameterVersions  # noqa: E402
+from torchrec_ascend.distributed.parameter_versions import ParameterVersions  # noqa: E402
 
 
 def test_versions_from_weights():

@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("torchrec")
 
-from torchrec_ascend.distributed.semi_async_grads import DenseGradSync  # noqa: E402
+from torchrec_ascend.distributed.data_parallel import DenseGradSync  # noqa: E402
 
 
 def test_pending_flag_and_single_process_noop():

@@ -1,4 +1,5 @@
-"""Full-corpus evaluation: every item scored for every evaluated user, history filtered,
+"""Full-corpus evaluation: every item scored for every evaluated user, history filtered (a
+target the user consumed before too: it counts as a miss, :mod:`torchrec_ascend.metrics`),
 metrics from :mod:`torchrec_ascend.metrics` (pessimistic ties, non-finite scores are errors).
 
 Users are split over ranks (``users[rank::world]``); the item table is looked up once per
@@ -19,8 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..metrics import RetrievalMetrics, check_finite_scores, filter_history, target_ranks
-from ..models.generative_retrieval import item_kjt
+from ...metrics import RetrievalMetrics, check_finite_scores, filter_history, target_ranks
+from ...models.generative_retrieval import item_kjt
 from .split import Split
 
 __all__ = ["Evaluator", "eval_users"]
@@ -67,7 +68,7 @@ class Evaluator:
         hist, hoff = self.split.history(u, which)
         tgt = torch.from_numpy(self.split.targets(u, which)).to(scores.device)
         filtered = filter_history(scores, torch.from_numpy(hist).to(scores.device),
-                                  torch.from_numpy(hoff).to(scores.device), tgt)
+                                  torch.from_numpy(hoff).to(scores.device))
         metrics.update(target_ranks(filtered, tgt))
 
     @torch.no_grad()

@@ -10,9 +10,11 @@ pytest.importorskip("torchrec")
 
 from torchrec_ascend.distributed.load_balance import HSTUCostModel  # noqa: E402
 from torchrec_ascend.sampling import PopularitySampler, step_generator  # noqa: E402
-from torchrec_ascend.training.batches import BatchBuilder, BatchOrder, distinct_ids  # noqa: E402
+from torchrec_ascend.training.balancing import RankShare  # noqa: E402
 from torchrec_ascend.training.config import ConfigError  # noqa: E402
-from torchrec_ascend.training.split import leave_two_out  # noqa: E402
+from torchrec_ascend.training.retrieval.batches import (BatchBuilder, BatchOrder,  # noqa: E402
+                                                        NegativeStream, Windows, distinct_ids)
+from torchrec_ascend.training.retrieval.split import leave_two_out  # noqa: E402
 
 from test_split import seqs  # noqa: E402
 
@@ -23,12 +25,19 @@ def split():
     return leave_two_out(seqs(rng.integers(3, 30, 60).tolist(), seed=2, num_items=40))
 
 
+def make_builder(split, rank=0, world=1, batch=8, sampler=None, num_negatives=12,
+                 balance="none", ahead=False, negatives="shared"):
+    """The BatchBuilder of max length 10, seed 7, from its parts."""
+    cost = HSTUCostModel(1.0, 0.05) if balance != "none" else None
+    return BatchBuilder(Windows(split, 10, batch * world, seed=7),
+                        NegativeStream(sampler, num_negatives, negatives, seed=7, prefetch=False),
+                        RankShare(balance, cost, rank, world, batch), ahead=ahead)
+
+
 def builder(split, rank=0, world=1, batch=8, balance="none", ahead=False, negatives="shared"):
     counts = torch.from_numpy(split.item_counts()).float() + 1
-    cost = HSTUCostModel(1.0, 0.05) if balance != "none" else None
-    return BatchBuilder(split, 10, batch, rank, world, seed=7, sampler=PopularitySampler(counts),
-                        num_negatives=12, balance=balance, cost_model=cost, prefetch=False,
-                        balance_ahead=ahead, negatives=negatives)
+    return make_builder(split, rank, world, batch, PopularitySampler(counts), 12, balance, ahead,
+                        negatives)
 
 
 def test_order_is_a_pure_function_of_seed_and_step(split):
@@ -49,11 +58,11 @@ def test_rank_slices_partition_the_global_batch(split, balance):
     parts = [builder(split, r, world, batch=4, balance=balance) for r in range(world)]
     whole = builder(split, 0, 1, batch=8)
     for step in range(3):
-        gb = whole.global_batch(step)
+        gb = whole.windows(step)
         g = torch.Generator().manual_seed(0)
-        neg = whole.sampler.sample(gb.pos_ids, 12, g)
+        neg = whole.negatives.sampler.sample(gb.pos_ids, 12, g)
         one = whole.build(gb, neg)
-        got = [p.build(p.global_batch(step), neg) for p in parts]
+        got = [p.build(p.windows(step), neg) for p in parts]
         assert sorted(torch.cat([b.users for b in got]).tolist()) == sorted(one.users.tolist())
         assert sum(b.num_tokens for b in got) == one.num_tokens
         for b in got:  # the loss scale is 1 / queries of the global batch, on every rank
@@ -63,13 +72,13 @@ def test_rank_slices_partition_the_global_batch(split, balance):
 
 def test_pos_log_q_and_queries(split):
     b = builder(split)
-    gb = b.global_batch(0)
-    neg = b.sampler.sample(gb.pos_ids, 12, torch.Generator().manual_seed(1))
+    gb = b.windows(0)
+    neg = b.negatives.sampler.sample(gb.pos_ids, 12, torch.Generator().manual_seed(1))
     batch = b.build(gb, neg)
     lengths = torch.diff(batch.offsets)
     assert (lengths >= 2).all() and (lengths <= 10).all()
     want = torch.zeros(batch.num_tokens)
-    log_q = b.sampler.log_prob(batch.items).float() + np.log(12)
+    log_q = b.negatives.sampler.log_prob(batch.items).float() + np.log(12)
     for s, e in zip(batch.offsets[:-1].tolist(), batch.offsets[1:].tolist()):
         want[s:e - 1] = log_q[s + 1:e]  # token i's next item
     torch.testing.assert_close(batch.pos_log_q, want, atol=1e-5, rtol=1e-5)
@@ -82,8 +91,8 @@ def test_stream_resumed_equals_continued(split):
     rest = [x.kjt["neg"].values() for x in builder(split).stream(3, 6)]
     assert all(torch.equal(a, c) for a, c in zip(full, first + rest))
     # the pool of step s is the sampler's draw with step_generator(seed, s)
-    gb = b.global_batch(4)
-    assert torch.equal(full[4], b.sampler.sample(gb.pos_ids, 12, step_generator(7, 4)).ids)
+    gb = b.windows(4)
+    assert torch.equal(full[4], b.negatives.sampler.sample(gb.pos_ids, 12, step_generator(7, 4)).ids)
 
 
 def test_all_to_all_builds_one_step_ahead_on_a_worker_and_delivers_the_same_batches(split):
@@ -95,8 +104,8 @@ def test_all_to_all_builds_one_step_ahead_on_a_worker_and_delivers_the_same_batc
     want = [(x.items, x.offsets, x.users, x.kjt["neg"].values()) for x in inline.stream(0, 5)]
     ahead = builder(split, balance="all_to_all", ahead=True)
     threads = []
-    real = ahead.balancer.balance
-    ahead.balancer.balance = lambda *a, **k: threads.append(threading.current_thread().name) or real(*a, **k)
+    real = ahead.share.balancer.balance
+    ahead.share.balancer.balance = lambda *a, **k: threads.append(threading.current_thread().name) or real(*a, **k)
     got = []
     try:
         for a, b in ((0, 2), (2, 5)):
@@ -134,8 +143,8 @@ def test_per_position_rows_follow_their_queries(split, balance):
              for r in range(2)]
     streams = [list(p.stream(0, 3)) for p in parts]
     for step, one in enumerate(whole.stream(0, 3)):
-        gb = whole.global_batch(step)
-        want = whole.sampler.sample_per_token(gb.pos_ids, 12, step_generator(7, step))
+        gb = whole.windows(step)
+        want = whole.negatives.sampler.sample_per_token(gb.pos_ids, 12, step_generator(7, step))
         pool = one.kjt["neg"].values()
         assert torch.equal(pool, torch.unique(pool))  # distinct ids, each looked up once
         assert one.neg_index.shape == (gb.num_queries, 12)
@@ -192,9 +201,8 @@ def test_per_position_gradients_sum_over_ranks(split):
         g_table = torch.zeros(table.shape, dtype=torch.float64)
         g_dense = [torch.zeros(p.shape, dtype=torch.float64) for p in head.parameters()]
         for rank in range(world):
-            b = BatchBuilder(split, 10, 8 // world, rank, world, seed=7,
-                             sampler=UniformSampler(split.num_items), num_negatives=16,
-                             prefetch=False, negatives="per_position")
+            b = make_builder(split, rank, world, 8 // world, UniformSampler(split.num_items), 16,
+                             negatives="per_position")
             batch = next(iter(b.stream(2, 3)))
             b.close()
             t = table.clone().requires_grad_(True)

@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("torchrec")
 
 from torchrec_ascend.distributed import DistributedModelParallel  # noqa: E402
-from torchrec_ascend.distributed.semi_async import (  # noqa: E402
+from torchrec_ascend.distributed.model_parallel import (  # noqa: E402
     UnsyncedGradientsError,
     check_staleness,
 )

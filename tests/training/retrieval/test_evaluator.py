@@ -13,8 +13,8 @@ pytest.importorskip("torchrec")
 
 from torchrec_ascend.metrics import NonFiniteScoreError, metrics_from_ranks  # noqa: E402
 from torchrec_ascend.models import GenerativeRetrieval, ModelConfig  # noqa: E402
-from torchrec_ascend.training.evaluator import Evaluator  # noqa: E402
-from torchrec_ascend.training.split import leave_two_out  # noqa: E402
+from torchrec_ascend.training.retrieval.evaluator import Evaluator  # noqa: E402
+from torchrec_ascend.training.retrieval.split import leave_two_out  # noqa: E402
 
 from test_split import seqs  # noqa: E402
 
@@ -28,13 +28,16 @@ def split():
 
 
 def oracle_ranks(scores: np.ndarray, split, users, which):
-    """Pessimistic rank by a loop: candidates not in the history (the target kept) scoring
-    >= the target."""
+    """Pessimistic rank by a loop: candidates not in the history scoring >= the target; a
+    target in the history (filtered with it) ranks after every other item."""
     ranks = []
     for row, u in enumerate(users):
         hist, _ = split.history(np.array([u]), which)
         tgt = int(split.targets(np.array([u]), which)[0])
-        banned = set(hist.tolist()) - {tgt}
+        banned = set(hist.tolist())
+        if tgt in banned:
+            ranks.append(scores.shape[1] - 1)
+            continue
         ranks.append(sum(1 for j in range(scores.shape[1])
                          if j != tgt and j not in banned and scores[row, j] >= scores[row, tgt]))
     return ranks

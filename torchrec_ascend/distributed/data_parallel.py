@@ -1,4 +1,12 @@
-"""Dense gradient all-reduce that a pipeline starts and waits for itself (no DDP).
+"""The dense part's data parallelism: TorchRec ``DataParallelWrapper`` s.
+
+* :class:`SumDataParallelWrapper`: the dense part under DDP with the current arguments
+  (``forward_sync_buffers``, not the deprecated ``broadcast_buffers``) and a comm hook that
+  **sums** gradients over ranks instead of averaging them (a trainer that scales each rank's
+  loss by 1 / (the global batch) gets the single-process gradient, like the sharded tables',
+  which TorchRec's backward sums);
+* :class:`DeferredGradWrapper` + :class:`DenseGradSync`: a dense gradient all-reduce that a
+  pipeline starts and waits for itself (no DDP), for ``staleness >= 1``.
 
 TorchRec's DistributedModelParallel wraps the unsharded (dense) part in DDP, whose all-reduce
 finishes inside ``loss.backward()``.  With ``staleness >= 1`` our DistributedModelParallel uses
@@ -23,7 +31,8 @@ from torchrec.distributed.types import ShardingEnv
 if TYPE_CHECKING:  # pragma: no cover
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
-__all__ = ["DenseGradSync", "DeferredGradWrapper", "UnsyncedGradientsError"]
+__all__ = ["DenseGradSync", "DeferredGradWrapper", "SumDataParallelWrapper",
+           "UnsyncedGradientsError"]
 
 
 class UnsyncedGradientsError(RuntimeError):
@@ -102,3 +111,37 @@ class DeferredGradWrapper(DataParallelWrapper):
                 for p in dense:
                     dist.broadcast(p.data, src=src, group=pg)
         dmp.dense_grad_sync = DenseGradSync(dense, group, self.average)
+
+
+def _sum_hook(state, bucket):  # DDP checks the annotations: none (strings would fail its check)
+    """DDP comm hook: all-reduce SUM of the bucket (no division by the world size)."""
+    group = state if state is not None else dist.group.WORLD
+    fut = dist.all_reduce(bucket.buffer(), group=group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+class SumDataParallelWrapper:
+    """TorchRec ``DataParallelWrapper``: DDP over the unsharded parameters, gradients summed."""
+
+    def __init__(self, bucket_cap_mb: int = 25, static_graph: bool = True) -> None:
+        self.bucket_cap_mb, self.static_graph = bucket_cap_mb, static_graph
+
+    def wrap(self, dmp: Any, env: Any, device: torch.device) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+        from torchrec.distributed.model_parallel import DistributedModelParallel
+
+        if isinstance(dmp._dmp_wrapped_module, DistributedDataParallel):
+            return
+        ignore = set(DistributedModelParallel._sharded_parameter_names(dmp._dmp_wrapped_module))
+        if not set(dict(dmp.named_parameters())) - ignore:
+            return
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            module=dmp._dmp_wrapped_module, params_and_buffers_to_ignore=ignore)
+        ddp = DistributedDataParallel(
+            module=dmp._dmp_wrapped_module.to(device),
+            device_ids=None if device.type == "cpu" else [device],
+            process_group=env.process_group, gradient_as_bucket_view=True,
+            forward_sync_buffers=False, static_graph=self.static_graph,
+            bucket_cap_mb=self.bucket_cap_mb)
+        ddp.register_comm_hook(env.process_group, _sum_hook)
+        dmp._dmp_wrapped_module = ddp

@@ -1,0 +1,104 @@
+"""Two ranks, as torchrun starts them (environment variables, one process each): a rank that
+stalls (SIGSTOP) ends the job within the default ``train.step_timeout_s="auto"``; a rank that
+dies leaves the other one line and exit status 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("torchrec")
+
+from torchrec_ascend.datasets import generate_events_table  # noqa: E402
+from torchrec_ascend.distributed.train_pipeline.faults import (AUTO_MIN_S,  # noqa: E402
+                                                               WATCHDOG_EXIT_CODE)
+from torchrec_ascend.testing.multiprocess import free_port  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SETS = ["model.embedding_dim=12", "model.max_seq_len=16", "model.num_heads=1",
+        "model.attention_dim=8", "model.linear_dim=8", "train.num_negatives=32",
+        "train.batch_size=8", "train.threads=1", "train.peak_gemm_size=64", "train.log_every=1"]
+
+
+def _start(tmp_path, data):
+    port = str(free_port())
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO, RANK=str(rank),
+                   LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        args = [sys.executable, "-m", "torchrec_ascend.training", "--no-progress", "--data", data,
+                "--out", str(tmp_path / "out"), "--steps", "100000"]
+        for s in SETS + [f"data.cache_dir={tmp_path / 'cache'}"]:
+            args += ["--set", s]
+        procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=env, cwd=REPO))
+    return procs
+
+
+def _wait_for_steps(tmp_path, procs, steps: int, timeout: float = 240.0) -> None:
+    log = tmp_path / "out" / "hstu" / "log.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        if log.exists():
+            rows = [json.loads(x) for x in log.read_text().splitlines() if x.endswith("}")]
+            if sum(1 for r in rows if "loss" in r) >= steps:
+                return
+        time.sleep(0.2)
+    raise AssertionError("training did not reach the steps in time")
+
+
+@pytest.fixture
+def data(tmp_path):
+    return generate_events_table(str(tmp_path / "events.csv"), 200, 150, seed=4)
+
+
+@pytest.mark.slow
+def test_a_stalled_rank_ends_the_job_within_the_default_timeout(tmp_path, data):
+    procs = _start(tmp_path, data)
+    try:
+        _wait_for_steps(tmp_path, procs, 8)
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        _, err = procs[0].communicate(timeout=AUTO_MIN_S + 90)
+        waited = time.monotonic() - stopped
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    assert procs[0].returncode == WATCHDOG_EXIT_CODE, err[-2000:]
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "rank 0" in errors[0], err[-2000:]
+    assert "did not finish within step_timeout_s=auto" in errors[0]
+    assert "Traceback" not in err
+    assert AUTO_MIN_S - 1 < waited < AUTO_MIN_S + 60, waited
+
+
+@pytest.mark.slow
+def test_a_dead_rank_is_one_line_on_the_other(tmp_path, data):
+    procs = _start(tmp_path, data)
+    try:
+        _wait_for_steps(tmp_path, procs, 4)
+        procs[1].kill()
+        _, err = procs[0].communicate(timeout=AUTO_MIN_S + 90)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "rank 0" in errors[0], err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    # gloo notices the closed connection (PeerFailureError, exit 2), or the watchdog ends it
+    if procs[0].returncode == 2:
+        assert "a peer rank died or left" in errors[0]
+    else:
+        assert procs[0].returncode == WATCHDOG_EXIT_CODE, err[-2000:]
