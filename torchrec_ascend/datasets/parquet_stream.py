@@ -30,11 +30,6 @@ def open_parquet(path: str) -> pq.ParquetFile:
         raise DataError(path, 0, None, f"not a readable Parquet file ({e})") from e
 
 
-def parquet_columns(pf: pq.ParquetFile) -> Tuple[str, ...]:
-    """Top-level column names of the file's schema."""
-    return tuple(pf.schema_arrow.names)
-
-
 def check_parquet_columns(path: str, pf: pq.ParquetFile, kinds: Mapping[str, str]) -> None:
     """Every needed column present once, with a type that can hold its kind."""
     schema = pf.schema_arrow

@@ -58,8 +58,6 @@ VIDEO_FEATURE_COLUMNS: Tuple[str, ...] = (
     "video_duration", "server_width", "server_height", "music_id", "music_type", "tag",
 )
 
-# the columns the sequence builder reads (ids and time must be integers; actions 0/1)
-LOG_ID_COLUMNS: Tuple[str, ...] = ("user_id", "video_id", "time_ms")
 OFFICIAL_ACTIONS: Tuple[str, ...] = tuple(ACTION_BITS)
 # the sample has label (1 = like, 0 = hate) instead of is_like / is_hate
 SAMPLE_ACTIONS: Tuple[str, ...] = tuple(a for a in ACTION_BITS if a not in ("like", "hate"))

@@ -273,13 +273,6 @@ class InBatchSampler(NegativeSampler):
                 raise ValueError("counts: must be non-negative with a positive sum")
             self.probs = c / c.sum()
 
-    def _batch_probs(self, pos_ids: torch.Tensor, ids: torch.Tensor,
-                     counts_in_batch: Optional[torch.Tensor]) -> torch.Tensor:
-        if self.probs is not None:
-            return self.probs.to(ids.device)[ids]
-        assert counts_in_batch is not None
-        return counts_in_batch.to(torch.float64) / max(pos_ids.numel(), 1)
-
     def log_inclusion(self, pos_ids: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """log P(id in this batch's de-duplicated pool, before subsampling), for any ``ids``.
 

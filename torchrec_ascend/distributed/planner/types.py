@@ -105,10 +105,6 @@ class TableWorkload:
         """``<module path>.<table>``, as TorchRec's ``ShardingOption.fqn`` (".t" at the top)."""
         return f"{self.module}.{self.name}"
 
-    @property
-    def num_features(self) -> int:
-        return len(self.pooling_factors)
-
     @functools.cached_property
     def samples(self) -> float:
         """Per-rank (sample, feature) pairs per step: the number of lengths sent, and of pooled

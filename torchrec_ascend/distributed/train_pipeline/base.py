@@ -42,7 +42,6 @@ class InstrumentedPipeline(TrainPipeline):
         self.last_stats: Optional[dict] = None
         self.stats: List[dict] = []
         self.steps_done = 0
-        self.stage_now = "start"
 
     def close(self) -> None:
         """Stop the pipeline's background work (a batch thread); nothing by default."""
