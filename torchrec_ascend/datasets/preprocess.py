@@ -21,8 +21,11 @@ Users come out ordered by ``(key mod P, final id)``; within a user, events by ti
 (one folder, written under a temporary name and renamed when complete) holds
 
 ``items`` int32 [E], ``times`` int64 [E] (ms), ``actions`` uint8 [E], ``user_offsets`` int64
-[U+1], ``user_ids`` int64 [U], ``item_ids`` int64 [I] (index = dense id), ``meta.json``, and for
-text ids ``user_vocab.arrow`` / ``item_vocab.arrow`` (the id text of each user id / dense item).
+[U+1], ``user_ids`` int64 [U], ``item_ids`` int64 [I] (index = dense id), ``meta.json``, for
+text ids ``user_vocab.arrow`` / ``item_vocab.arrow`` (the id text of each user id / dense item),
+and ``context_<name>.npy`` int64 [E] for each context column a source carries (what was known
+when the event happened: KuaiRand's ``tab``, ``is_rand``, ``duration_ms``, ``play_time_ms`` for
+ranking; ``meta["context_columns"]`` lists them).
 """
 
 from __future__ import annotations
@@ -46,12 +49,18 @@ import pyarrow.compute as pc
 from .csv_stream import DEFAULT_BLOCK_SIZE, check_file
 from .errors import DataError
 from .ragged import offsets_of
-from .reader import iter_log_chunks
+from .reader import detect_format, iter_log_chunks
 from .schema import ACTION_BITS, PositiveRule
 
 CACHE_VERSION = 2  # 2: exact duplicate rows dropped
-_RECORD = np.dtype([("u", "<i8"), ("v", "<i8"), ("t", "<i8"), ("a", "u1")])
+_BASE_FIELDS = [("u", "<i8"), ("v", "<i8"), ("t", "<i8"), ("a", "u1")]
 EventChunk = Dict[str, np.ndarray]  # "user", "item" int64 keys, "time_ms" int64, "actions" uint8
+#                                    (+ one int64 array per context column, by its name)
+
+
+def _record(context: Sequence[str]) -> np.dtype:
+    """The spill record: user, item, time, action byte, then the context columns (int64)."""
+    return np.dtype(_BASE_FIELDS + [(f"c{i}", "<i8") for i in range(len(context))])
 
 
 def expand_paths(patterns: Sequence[str]) -> List[str]:
@@ -151,6 +160,7 @@ class EventSource(Protocol):
 
     files: Sequence[str]
     meta: Dict[str, Any]
+    context: Sequence[str]  # extra int64 columns each chunk carries (may be empty)
 
     def chunks(self) -> Iterator[Tuple[str, EventChunk]]: ...
 
@@ -188,7 +198,8 @@ def build_cache(source: EventSource, out_dir: str, num_buckets: int = 32,
     work = tempfile.mkdtemp(prefix=".tmp-", dir=cache_root)
     try:
         bucket_paths = [os.path.join(work, f"bucket{b:04d}.bin") for b in range(num_buckets)]
-        rows, users, items = _spill(source, bucket_paths, progress)
+        context = tuple(getattr(source, "context", ()))
+        rows, users, items = _spill(source, bucket_paths, context, progress)
         if rows == 0:
             raise DataError(source.files[0], 0, None, "no data rows in any input file")
         user_keys, item_keys = users.result(), items.result()
@@ -206,7 +217,7 @@ def build_cache(source: EventSource, out_dir: str, num_buckets: int = 32,
         tmp_out = os.path.join(work, "cache")
         os.makedirs(tmp_out)
         uo, offsets, dropped = _sort_buckets(bucket_paths, tmp_out, rows, item_keys, user_rank,
-                                             item_rank)
+                                             item_rank, context)
         np.save(os.path.join(tmp_out, "user_ids.npy"), uo)
         np.save(os.path.join(tmp_out, "user_offsets.npy"), offsets)
         np.save(os.path.join(tmp_out, "item_ids.npy"), item_ids)
@@ -219,7 +230,8 @@ def build_cache(source: EventSource, out_dir: str, num_buckets: int = 32,
                 "rows": rows, "duplicates_dropped": dropped, "users": len(uo),
                 "items": len(item_ids),
                 "seconds": secs, "rows_per_s": stats.rows_per_s,
-                "peak_rss_mb": stats.peak_rss_mb, "num_buckets": num_buckets, **source.meta}
+                "peak_rss_mb": stats.peak_rss_mb, "num_buckets": num_buckets,
+                "context_columns": list(context), **source.meta}
         with open(os.path.join(tmp_out, "meta.json"), "w") as f:
             json.dump(meta, f, indent=1)
         if os.path.isdir(out_dir):  # force=True rebuild: replace the old cache
@@ -230,19 +242,22 @@ def build_cache(source: EventSource, out_dir: str, num_buckets: int = 32,
     return out_dir
 
 
-def _spill(source: EventSource, bucket_paths: Sequence[str], progress: bool
-           ) -> Tuple[int, _UniqueIds, _UniqueIds]:
+def _spill(source: EventSource, bucket_paths: Sequence[str], context: Sequence[str],
+           progress: bool) -> Tuple[int, _UniqueIds, _UniqueIds]:
     """Pass 1: every event to the spill file of its user's bucket; distinct keys."""
     p = len(bucket_paths)
+    dtype = _record(context)
     handles = [open(bp, "wb") for bp in bucket_paths]
     users, items = _UniqueIds(), _UniqueIds()
     rows = 0
     try:
         for path, ch in source.chunks():
             n = len(ch["user"])
-            rec = np.empty(n, dtype=_RECORD)
+            rec = np.empty(n, dtype=dtype)
             rec["u"], rec["v"], rec["t"], rec["a"] = (
                 ch["user"], ch["item"], ch["time_ms"], ch["actions"])
+            for i, name in enumerate(context):
+                rec[f"c{i}"] = ch[name]
             b = ch["user"] % p
             order = np.argsort(b, kind="stable")
             bounds = np.searchsorted(b[order], np.arange(p + 1))
@@ -284,19 +299,22 @@ def _truncate_npy(path: str, n: int, chunk: int = 1 << 24) -> None:
 
 
 def _sort_buckets(bucket_paths: Sequence[str], out: str, rows: int, item_keys: np.ndarray,
-                  user_rank: Optional[np.ndarray], item_rank: Optional[np.ndarray]
-                  ) -> Tuple[np.ndarray, np.ndarray, int]:
+                  user_rank: Optional[np.ndarray], item_rank: Optional[np.ndarray],
+                  context: Sequence[str] = ()) -> Tuple[np.ndarray, np.ndarray, int]:
     """Pass 2: per bucket, final ids, duplicates dropped, sort by (user, time), write; user ids,
     offsets and the number of dropped rows (the files are truncated to the kept rows)."""
     mm = np.lib.format.open_memmap
     items_mm = mm(os.path.join(out, "items.npy"), "w+", np.int32, (rows,))
     times_mm = mm(os.path.join(out, "times.npy"), "w+", np.int64, (rows,))
     acts_mm = mm(os.path.join(out, "actions.npy"), "w+", np.uint8, (rows,))
+    ctx_mm = [mm(os.path.join(out, f"context_{name}.npy"), "w+", np.int64, (rows,))
+              for name in context]
+    dtype = _record(context)
     user_order: List[np.ndarray] = []
     lengths: List[np.ndarray] = []
     pos = 0
     for bp in bucket_paths:
-        rec = np.fromfile(bp, dtype=_RECORD)
+        rec = np.fromfile(bp, dtype=dtype)
         os.remove(bp)
         if len(rec) == 0:
             continue
@@ -311,16 +329,18 @@ def _sort_buckets(bucket_paths: Sequence[str], out: str, rows: int, item_keys: n
         items_mm[pos:pos + n] = dense.astype(np.int32)
         times_mm[pos:pos + n] = rec["t"]
         acts_mm[pos:pos + n] = rec["a"]
+        for i, c in enumerate(ctx_mm):
+            c[pos:pos + n] = rec[f"c{i}"]
         uu, cnt = np.unique(u, return_counts=True)
         user_order.append(uu)
         lengths.append(cnt)
         pos += n
         del rec
-    for a in (items_mm, times_mm, acts_mm):
+    for a in [items_mm, times_mm, acts_mm] + ctx_mm:
         a.flush()
-    del items_mm, times_mm, acts_mm
+    del items_mm, times_mm, acts_mm, ctx_mm
     if pos < rows:  # duplicates dropped: keep the first ``pos`` entries of each array
-        for name in ("items", "times", "actions"):
+        for name in ["items", "times", "actions"] + [f"context_{c}" for c in context]:
             _truncate_npy(os.path.join(out, f"{name}.npy"), pos)
     uo = np.concatenate(user_order)
     return uo, offsets_of(np.concatenate(lengths)), rows - pos
@@ -370,6 +390,7 @@ class EventLog:
     meta: Dict[str, Any]
     user_vocab: Optional[pa.Array] = None
     item_vocab: Optional[pa.Array] = None
+    context: Dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def load(cls, cache_dir: str, mmap: bool = True) -> "EventLog":
@@ -380,7 +401,8 @@ class EventLog:
         return cls(ld("items"), ld("times"), ld("actions"), ld("user_offsets"),
                    ld("user_ids"), ld("item_ids"), meta,
                    _load_vocab(os.path.join(cache_dir, "user_vocab.arrow")),
-                   _load_vocab(os.path.join(cache_dir, "item_vocab.arrow")))
+                   _load_vocab(os.path.join(cache_dir, "item_vocab.arrow")),
+                   {c: ld(f"context_{c}") for c in meta.get("context_columns", [])})
 
     @property
     def num_items(self) -> int:
@@ -432,17 +454,20 @@ class EventLog:
 
 # -- KuaiRand -------------------------------------------------------------------------------------
 class _KuaiRandSource:
-    """KuaiRand logs as an :class:`EventSource` (integer ids)."""
+    """KuaiRand logs as an :class:`EventSource` (integer ids), with the ``context`` columns."""
 
-    def __init__(self, files: Sequence[str], block_size: int) -> None:
-        self.files, self.block_size = list(files), block_size
-        self.meta: Dict[str, Any] = {"source": "kuairand", "action_names": list(ACTION_BITS)}
+    def __init__(self, files: Sequence[str], block_size: int,
+                 context: Sequence[str] = ()) -> None:
+        self.files, self.block_size, self.context = list(files), block_size, tuple(context)
+        self.meta: Dict[str, Any] = {"source": "kuairand", "action_names": list(ACTION_BITS),
+                                     "log_kinds": [detect_format(p).kind for p in self.files]}
 
     def chunks(self) -> Iterator[Tuple[str, EventChunk]]:
         for path in self.files:
-            for _, ch in iter_log_chunks(path, self.block_size):
+            for _, ch in iter_log_chunks(path, self.block_size, self.context):
                 yield path, {"user": ch["user_id"], "item": ch["video_id"],
-                             "time_ms": ch["time_ms"], "actions": ch["actions"]}
+                             "time_ms": ch["time_ms"], "actions": ch["actions"],
+                             **{c: ch[c] for c in self.context}}
 
     def vocab(self, which: str) -> Optional[pa.Array]:
         return None
@@ -450,17 +475,20 @@ class _KuaiRandSource:
 
 def preprocess(paths: Sequence[str], cache_root: str, num_buckets: int = 32,
                block_size: int = DEFAULT_BLOCK_SIZE, force: bool = False,
-               progress: bool = False) -> str:
-    """Build (or reuse) the cache for the KuaiRand logs ``paths``; returns the cache folder."""
+               progress: bool = False, context: Sequence[str] = ()) -> str:
+    """Build (or reuse) the cache for the KuaiRand logs ``paths`` (with the integer
+    ``context`` columns of every row, e.g. ``tab``); returns the cache folder."""
     if num_buckets < 1:
         raise ValueError(f"num_buckets: must be >= 1, got {num_buckets}")
     files = expand_paths(paths)
     for p in files:
         check_file(p)
-    out_dir = os.path.join(cache_root, f"kuairand-{cache_key(files)}")
+    options = json.dumps({"context": list(context)}) if context else ""
+    out_dir = os.path.join(cache_root, f"kuairand-{cache_key(files, options)}")
     if os.path.isfile(os.path.join(out_dir, "meta.json")) and not force:
         return out_dir
-    return build_cache(_KuaiRandSource(files, block_size), out_dir, num_buckets, progress)
+    return build_cache(_KuaiRandSource(files, block_size, context), out_dir, num_buckets,
+                       progress)
 
 
 def load_kuairand(paths: Sequence[str], cache_root: str, rule: PositiveRule,

@@ -72,17 +72,24 @@ def iter_int_columns(path: str, columns: Sequence[str], delim: str,
     yield from CsvReader(header, {c: "int" for c in columns}, block_size)  # type: ignore[misc]
 
 
-def iter_log_chunks(path: str, block_size: int = DEFAULT_BLOCK_SIZE
+def iter_log_chunks(path: str, block_size: int = DEFAULT_BLOCK_SIZE, context: Sequence[str] = ()
                     ) -> Iterator[Tuple[int, Dict[str, np.ndarray]]]:
     """Stream a KuaiRand log (official or sample format).
 
-    Yields ``(first_row, {"user_id", "video_id", "time_ms": int64, "actions": uint8})``; the
-    action byte ORs :data:`~torchrec_ascend.datasets.schema.ACTION_BITS` (the sample's
-    ``label`` = 1 sets ``like``, 0 sets ``hate``).
+    Yields ``(first_row, {"user_id", "video_id", "time_ms": int64, "actions": uint8, <context
+    column>: int64 ...})``; the action byte ORs :data:`~torchrec_ascend.datasets.schema.
+    ACTION_BITS` (the sample's ``label`` = 1 sets ``like``, 0 sets ``hate``); ``context``: other
+    integer columns to read (a missing one is a :class:`DataError` naming it).
     """
     fmt = detect_format(path)
     header = read_csv_header(path, fmt.delimiter)
-    for row, arr in CsvReader(header, _log_kinds(fmt), block_size):
+    kinds = _log_kinds(fmt)
+    for c in context:
+        if c not in fmt.columns:
+            raise DataError(path, 0, c, f"missing column (asked for as a context column); the "
+                                        f"file's columns are: {', '.join(fmt.columns)}")
+        kinds.setdefault(c, "int")
+    for row, arr in CsvReader(header, kinds, block_size):
         actions = np.zeros(len(arr["user_id"]), dtype=np.uint8)
         if fmt.kind == "sample":
             actions |= np.where(arr["label"] == 1, ACTION_BITS["like"],
@@ -90,17 +97,19 @@ def iter_log_chunks(path: str, block_size: int = DEFAULT_BLOCK_SIZE
         for a in fmt.actions:
             actions |= arr[ACTION_COLUMNS[a]] * np.uint8(ACTION_BITS[a])
         yield row, {"user_id": arr["user_id"], "video_id": arr["video_id"],
-                    "time_ms": arr["time_ms"], "actions": actions}
+                    "time_ms": arr["time_ms"], "actions": actions,
+                    **{c: arr[c].astype(np.int64) for c in context}}
 
 
 @dataclass
 class FeatureTable:
-    """Numeric columns of a features file as float64 (empty = NaN); other columns as category
-    codes (index into the sorted distinct texts)."""
+    """Numeric columns of a features file as float64 (empty = NaN); other columns
+    (``text_columns``) as category codes (index into the sorted distinct texts)."""
 
     path: str
     ids: np.ndarray
     columns: Dict[str, np.ndarray]
+    text_columns: Tuple[str, ...] = ()
 
 
 def read_feature_table(path: str, id_column: str, expected: Sequence[str],
@@ -122,22 +131,27 @@ def read_feature_table(path: str, id_column: str, expected: Sequence[str],
         for c in others:
             parts[c].append(arr[c])  # type: ignore[arg-type]
     out: Dict[str, np.ndarray] = {}
+    text_cols = []
     for c, ps in parts.items():
         text = pa.chunked_array(ps, pa.string()).combine_chunks() if ps else pa.array([], pa.string())
-        out[c] = _numbers_or_codes(text)
+        out[c], is_text = _numbers_or_codes(text)
+        if is_text:
+            text_cols.append(c)
     all_ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
-    return FeatureTable(path, all_ids, out)
+    return FeatureTable(path, all_ids, out, tuple(text_cols))
 
 
-def _numbers_or_codes(text: pa.Array) -> np.ndarray:
-    """float64 if every non-empty cell is a number (empty -> NaN), else category codes."""
+def _numbers_or_codes(text: pa.Array) -> Tuple[np.ndarray, bool]:
+    """(float64 with NaN for empty cells, False) if every non-empty cell is a number, else
+    (category codes, True)."""
     t = pc.utf8_trim(text, characters=" \t")
     empty = pc.equal(t, "")
     try:
-        return pc.cast(pc.if_else(empty, None, t), pa.float64()).to_numpy(zero_copy_only=False)
+        return (pc.cast(pc.if_else(empty, None, t), pa.float64()).to_numpy(zero_copy_only=False),
+                False)
     except pa.ArrowInvalid:
         _, codes = np.unique(text.to_numpy(zero_copy_only=False).astype(str), return_inverse=True)
-        return codes
+        return codes, True
 
 
 def read_user_features(path: str) -> FeatureTable:

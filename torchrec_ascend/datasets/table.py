@@ -57,7 +57,8 @@ class TableOptions:
     ``"str"`` (ids are text, e.g. Amazon ASINs, mapped to dense indices through a cached
     vocabulary), or ``"auto"``: per id column, by the Parquet column type, or for CSV / TSV by
     the first data row's value (an integer without a leading zero: integer ids; anything else:
-    text).
+    text).  context_cols: integer columns kept with each event (what was known when it happened,
+    e.g. the page it was shown on; ranking reads them as candidate features).
     """
 
     user_col: str = "user_id"
@@ -69,6 +70,7 @@ class TableOptions:
     action_cols: List[str] = field(default_factory=list)
     positive: Optional[Dict[str, List[str]]] = None
     id_type: IdType = "auto"
+    context_cols: List[str] = field(default_factory=list)
 
     def check_options(self, key: Key = prefixed("TableSpec")) -> Optional[PositiveRule]:
         """Every rule of the options (:class:`OptionError` naming the key); returns the
@@ -88,16 +90,18 @@ class TableOptions:
                 raise OptionError(key("sep"), "Parquet files have no separator")
         check_choice(key("id_type"), self.id_type, IdType)
         acts = self.action_cols
-        if isinstance(acts, str) or not all(isinstance(a, str) and a for a in acts):
-            raise OptionError(key("action_cols"), f"expected a list of column names, got {acts!r}")
+        for name in ("action_cols", "context_cols"):
+            cols = getattr(self, name)
+            if isinstance(cols, str) or not all(isinstance(a, str) and a for a in cols):
+                raise OptionError(key(name), f"expected a list of column names, got {cols!r}")
         if len(acts) > 8:
             raise OptionError(key("action_cols"), f"at most 8 (one byte of action bits), got "
                                                   f"{len(acts)}")
-        cols = [self.user_col, self.item_col, self.time_col, *acts]
+        cols = [self.user_col, self.item_col, self.time_col, *acts, *self.context_cols]
         dup = sorted({c for c in cols if cols.count(c) > 1})
         if dup:
             raise OptionError(key(""), f"column(s) {dup} named twice (user_col, item_col, "
-                                       "time_col and action_cols must be distinct)")
+                                       "time_col, action_cols and context_cols must be distinct)")
         return _rule(self.positive, tuple(acts), key)
 
 
@@ -124,12 +128,14 @@ class TableSpec(TableOptions):
         self.files = tuple(os.fspath(f) for f in files)
         self.positive = self.check_options()  # type: ignore[assignment]
         self.action_cols = tuple(self.action_cols)  # type: ignore[assignment]
+        self.context_cols = tuple(self.context_cols)  # type: ignore[assignment]
 
     @property
     def kinds(self) -> Dict[str, str]:
         """Column -> converter kind, ids as ``text`` (checked per file once resolved)."""
         k = {self.user_col: "text", self.item_col: "text", self.time_col: f"time_{self.time_unit}"}
         k.update({a: "flag" for a in self.action_cols})
+        k.update({c: "int" for c in self.context_cols})
         return k
 
 
@@ -219,6 +225,7 @@ class TableSource:
             if f.format == "parquet":
                 check_parquet_columns(f.path, open_parquet(f.path), self.kinds)
         self._vocabs = {c: _Vocab() for c, t in self.id_types.items() if t == "str"}
+        self.context = tuple(spec.context_cols)
         self.meta: Dict[str, Any] = {
             "source": "table", "action_names": list(spec.action_cols),
             "id_types": {"user": self.id_types[spec.user_col], "item": self.id_types[spec.item_col]},
@@ -273,7 +280,8 @@ class TableSource:
         return json.dumps({"formats": [f.format for f in self._files],
                            "delimiters": [f.header.delimiter if f.header else None
                                           for f in self._files],
-                           "kinds": self.kinds, "action_cols": list(s.action_cols)},
+                           "kinds": self.kinds, "action_cols": list(s.action_cols),
+                           "context_cols": list(s.context_cols)},
                           sort_keys=True)
 
     def _iter_file(self, f: _File) -> Iterator[Tuple[int, Dict[str, Any]]]:
@@ -300,7 +308,8 @@ class TableSource:
                 for i, a in enumerate(s.action_cols):
                     actions |= arr[a] << np.uint8(i)
                 yield f.path, {"user": keys["user"], "item": keys["item"],
-                               "time_ms": arr[s.time_col], "actions": actions}
+                               "time_ms": arr[s.time_col], "actions": actions,
+                               **{c: arr[c] for c in s.context_cols}}
 
     def _with_hint(self, e: DataError) -> DataError:
         if self.spec.id_type == "auto" and self.id_types.get(e.column) == "int" and \

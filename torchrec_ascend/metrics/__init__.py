@@ -1,5 +1,5 @@
-"""Retrieval metrics (HR@K, NDCG@K, MRR with history filtering) and FLOP counting / MFU.
-Torch only (no torchrec)."""
+"""Retrieval metrics (HR@K, NDCG@K, MRR with history filtering), ranking metrics (AUC, GAUC,
+NE, log loss; exact over a split) and FLOP counting / MFU.  Torch and numpy only (no torchrec)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from .flops import (
     sasrec_forward_flops,
     training_flops,
 )
+from .ranking import auc, gauc, log_loss, normalized_entropy, ranking_metrics
 from .retrieval import (DEFAULT_KS, NonFiniteScoreError, RetrievalMetrics, check_finite_scores,
                         filter_history, metrics_from_ranks, target_ranks)
 
@@ -19,4 +20,5 @@ __all__ = [
     "device_peak_flops", "filter_history",
     "measure_peak_gemm_flops", "metrics_from_ranks", "mfu", "sampled_softmax_flops",
     "sasrec_forward_flops", "target_ranks", "training_flops",
+    "auc", "gauc", "log_loss", "normalized_entropy", "ranking_metrics",
 ]

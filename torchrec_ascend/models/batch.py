@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 from torchrec.streamable import Pipelineable
 
-__all__ = ["SequenceBatch", "query_positions"]
+__all__ = ["FieldsBatch", "SequenceBatch", "query_positions"]
 
 
 def query_positions(offsets: torch.Tensor, total: int) -> torch.Tensor:
@@ -36,8 +36,36 @@ def query_positions(offsets: torch.Tensor, total: int) -> torch.Tensor:
     return torch.nonzero(~is_last).flatten()
 
 
+class FieldsBatch(Pipelineable):
+    """A dataclass of tensors (and ``KeyedJaggedTensor`` s; None fields skipped) as TorchRec's
+    pipelines move it: ``to``, ``record_stream``, ``pin_memory`` field by field."""
+
+    def to(self, device: torch.device, non_blocking: bool = False):  # type: ignore[override]
+        moved = {}
+        for f in fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            moved[f.name] = v.to(device, non_blocking=non_blocking) if v is not None else None
+        return type(self)(**moved)
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        for f in fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            if v is not None:
+                v.record_stream(stream)
+
+    def pin_memory(self):  # type: ignore[override]
+        """Pinned host copies (page-locked memory needs an accelerator; without one: self)."""
+        if not torch.accelerator.is_available():
+            return self
+        pinned = {}
+        for f in fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            pinned[f.name] = v.pin_memory() if v is not None else None
+        return type(self)(**pinned)
+
+
 @dataclass
-class SequenceBatch(Pipelineable):
+class SequenceBatch(FieldsBatch):
     """See the module docstring."""
 
     items: torch.Tensor
@@ -58,26 +86,3 @@ class SequenceBatch(Pipelineable):
     @property
     def batch_size(self) -> int:
         return int(self.offsets.numel()) - 1
-
-    def to(self, device: torch.device, non_blocking: bool = False) -> "SequenceBatch":
-        moved = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            moved[f.name] = v.to(device, non_blocking=non_blocking) if v is not None else None
-        return SequenceBatch(**moved)
-
-    def record_stream(self, stream: torch.Stream) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if v is not None:
-                v.record_stream(stream)
-
-    def pin_memory(self) -> "SequenceBatch":
-        """Pinned host copies (page-locked memory needs an accelerator; without one: self)."""
-        if not torch.accelerator.is_available():
-            return self
-        pinned = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            pinned[f.name] = v.pin_memory() if v is not None else None
-        return SequenceBatch(**pinned)

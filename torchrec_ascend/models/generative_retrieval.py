@@ -34,8 +34,8 @@ from .config import ENCODERS, ModelConfig
 from .sasrec import SASRecEncoder
 
 __all__ = ["GenerativeRetrieval", "SequenceHead", "build_encoder", "NUM_ACTIONS", "TABLE",
-           "COMPUTE_DTYPES",
-           "action_features", "item_kjt", "init_item_table"]
+           "COMPUTE_DTYPES", "action_features", "item_kjt", "init_item_table", "init_table",
+           "table_weights"]
 
 NUM_ACTIONS = len(ACTION_BITS)   # one byte of action bits per event
 TABLE = "item_table"
@@ -60,21 +60,13 @@ def item_kjt(items: torch.Tensor, lengths: torch.Tensor,
 
 
 @torch.no_grad()
-def init_item_table(model: nn.Module, num_items: int, dim: int, seed: int,
-                    block_rows: int = 4096) -> None:
-    """Initialise the item table of ``model`` (sharded or not) as a function of the global row:
-    rows ``[k B, (k + 1) B)`` are drawn uniform in ``+-sqrt(1 / num_items)`` (TorchRec's
-    default range) from a generator seeded by ``(seed, k)``, so every sharding and world size
-    starts from the same table (each rank draws only the blocks its shards overlap).
-    ``num_items`` x ``dim``: the table's global shape."""
-    weight = None
-    for key, value in model.state_dict().items():
-        if key.endswith(f"embeddings.{TABLE}.weight"):
-            weight = value
-    if weight is None:
-        raise ValueError(f"model: no {TABLE} weight in its state dict")
-    num_rows = int(num_items)
-    bound = (1.0 / num_rows) ** 0.5
+def init_table(weight: object, num_rows: int, dim: int, seed: int, block_rows: int = 4096) -> None:
+    """Initialise one (sharded or not) table as a function of the global row: rows
+    ``[k B, (k + 1) B)`` are drawn uniform in ``+-sqrt(1 / num_rows)`` (TorchRec's default
+    range) from a generator seeded by ``(seed, k)``, so every sharding and world size starts
+    from the same table (each rank draws only the blocks its shards overlap).  ``num_rows`` x
+    ``dim``: the table's global shape."""
+    bound = (1.0 / int(num_rows)) ** 0.5
     pieces = local_pieces(weight)
     if pieces is None:
         raise ValueError(f"model: a DTensor table whose local tensor is a "
@@ -83,10 +75,30 @@ def init_item_table(model: nn.Module, num_items: int, dim: int, seed: int,
         rows = t.shape[0]
         for k in range(r0 // block_rows, (r0 + rows + block_rows - 1) // block_rows):
             g = torch.Generator().manual_seed(int(seed) * 1_000_003 + k)
-            lo, hi = k * block_rows, min((k + 1) * block_rows, num_rows)
+            lo, hi = k * block_rows, min((k + 1) * block_rows, int(num_rows))
             blk = torch.empty(hi - lo, dim).uniform_(-bound, bound, generator=g)
             a, b = max(lo, r0), min(hi, r0 + rows)
             t[a - r0:b - r0].copy_(blk[a - lo:b - lo, c0:c0 + t.shape[1]].to(t.dtype))
+
+
+def table_weights(model: nn.Module) -> Dict[str, object]:
+    """``{table: weight}`` of every TorchRec embedding table in ``model``'s state dict (sharded
+    or not)."""
+    out = {}
+    for key, value in model.state_dict().items():
+        parts = key.split(".")
+        if len(parts) >= 3 and parts[-1] == "weight" and parts[-3] in ("embeddings",
+                                                                      "embedding_bags"):
+            out[parts[-2]] = value
+    return out
+
+
+def init_item_table(model: nn.Module, num_items: int, dim: int, seed: int) -> None:
+    """:func:`init_table` of the retrieval model's item table."""
+    weights = table_weights(model)
+    if TABLE not in weights:
+        raise ValueError(f"model: no {TABLE} weight in its state dict")
+    init_table(weights[TABLE], num_items, dim, seed)
 
 
 def build_encoder(kind: str, cfg: ModelConfig) -> nn.Module:

@@ -12,7 +12,7 @@ Public API (stable; the KuaiRand example uses it)::
                 linear_dim: int, max_seq_len: int, dropout: float = 0.0,
                 attn_alpha: float | None = None, normalization: str = "max_len",
                 use_time_bias: bool = True, num_time_buckets: int = 128,
-                contextual_seq_len: int = 0)
+                contextual_seq_len: int = 0, l2_normalize: bool = True)
         .forward(item_embeddings [T, D] | JaggedTensor, offsets [B + 1] | None = None,
                  timestamps [T] | None = None, num_targets [B] | None = None) -> [T, D]
         .flops(offsets, backward=False) -> int;  .flops_per_token(seq_len) -> float
@@ -34,7 +34,8 @@ parameters, eps 1e-6)::
 length (``"seq_len"``); ``alpha`` defaults to ``1 / sqrt(attention_dim)``.  ``valid`` is causal
 including self; with ``num_targets`` the last ``num_targets[b]`` tokens (candidates) see the
 history and themselves only; the first ``contextual_seq_len`` tokens are visible to all.  The
-encoder L2-normalises its output embeddings.  Details and choices: docs/hstu.md.
+encoder L2-normalises its output embeddings (retrieval scores cosines) unless
+``l2_normalize=False`` (a ranker's heads read them as they are).  Details and choices: docs/hstu.md.
 
 FLOPs (for MFU; matmul FLOPs only, 2 per multiply-add; elementwise, LayerNorm and bias ignored),
 per layer for a sequence of length ``n``::
@@ -293,8 +294,10 @@ class HSTUEncoder(nn.Module):
         use_time_bias: bool = True,
         num_time_buckets: int = 128,
         contextual_seq_len: int = 0,
+        l2_normalize: bool = True,
     ) -> None:
         super().__init__()
+        self.l2_normalize = bool(l2_normalize)
         self.embedding_dim = int(num_items_embedding_dim)
         self.num_layers, self.num_heads = int(num_layers), int(num_heads)
         self.attention_dim, self.linear_dim = int(attention_dim), int(linear_dim)
@@ -311,8 +314,8 @@ class HSTUEncoder(nn.Module):
         timestamps: Optional[torch.Tensor] = None,
         num_targets: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        """``item_embeddings [T, D]`` + ``offsets [B + 1]`` (or a JaggedTensor) -> unit-norm
-        ``[T, D]`` sequence embeddings."""
+        """``item_embeddings [T, D]`` + ``offsets [B + 1]`` (or a JaggedTensor) -> ``[T, D]``
+        sequence embeddings (unit-norm with ``l2_normalize``)."""
         x, offsets = _unpack(item_embeddings, offsets)
         if x.dim() != 2 or x.shape[1] != self.embedding_dim:
             raise ValueError(f"item_embeddings: expected [T, {self.embedding_dim}], got {tuple(x.shape)}")
@@ -322,6 +325,8 @@ class HSTUEncoder(nn.Module):
                 raise ValueError(f"offsets: a sequence has length {longest} > max_seq_len={self.max_seq_len}")
         x = self.preprocessor(x, offsets)
         x = self.stack(x, offsets, timestamps, num_targets)
+        if not self.l2_normalize:
+            return x
         return x / x.norm(dim=-1, keepdim=True).clamp(min=_EPS)
 
     def flops(self, offsets: torch.Tensor, backward: bool = False) -> int:

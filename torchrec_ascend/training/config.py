@@ -26,11 +26,13 @@ from ..distributed.load_balance import BalanceMode, check_balance_options
 from ..distributed.planner import PlannerKind, ReplicaMerge, TableSharding, check_planner_options
 from ..distributed.train_pipeline import PipelineKind, check_pipeline_options
 from ..models.config import Encoder, ModelConfig
-from ..options import Key, OptionError, convert, from_mapping, option, prefixed
+from ..options import Key, OptionError, check_choice, convert, from_mapping, option, prefixed
 from ..sampling import NegativesMode, SamplerName
 from .precision import Precision
-from .sources import DataConfig
+from .ranking.config import RANKING_METRICS, RankingConfig, RankingModel
 from .retrieval.split import Holdout
+from .sources import DataConfig
+from .task import TaskKind
 
 __all__ = [
     "ConfigError", "DataConfig", "TrainConfig", "EvalConfig", "ExperimentConfig", "ModelConfig",
@@ -149,24 +151,34 @@ class EvalConfig:
     ks: List[int] = option(min=1, default_factory=lambda: [10, 50, 200])
     batch_size: int = option(256, min=1)
     eval_users: Optional[int] = option(None, min=1)
-    metric: str = "ndcg@10"
+    metric: Optional[str] = None
     restore_best: bool = False
     holdout: Holdout = "leave_two_out"
 
-    def metrics(self) -> List[str]:
-        """The metric names the evaluator reports (``hr@K``, ``ndcg@K`` per cut-off, ``mrr``)."""
+    def metrics(self, task: TaskKind = "retrieval") -> List[str]:
+        """The metric names early stopping may watch: retrieval's ``hr@K``, ``ndcg@K`` per
+        cut-off and ``mrr``; ranking's ``mean_auc``, ``mean_gauc`` (or ``<task>.auc`` /
+        ``<task>.gauc``)."""
+        if task == "ranking":
+            return list(RANKING_METRICS)
         return [f"hr@{k}" for k in self.ks] + [f"ndcg@{k}" for k in self.ks] + ["mrr"]
 
-    def check(self, train: TrainConfig, key: Key = prefixed("eval"),
+    def check(self, train: TrainConfig, task: TaskKind = "retrieval", key: Key = prefixed("eval"),
               train_key: Key = prefixed("train")) -> None:
-        """The rules of this section, and those that involve the ``train`` section."""
+        """The rules of this section, and those that involve the ``train`` section; an unset
+        ``metric`` becomes the task's default (``ndcg@10``, ``mean_auc``)."""
         if not self.ks:
             raise ConfigError(key("ks"), "needs at least one cut-off")
         if self.restore_best and not train.eval_every:
             raise ConfigError(key("restore_best"), f"needs {train_key('eval_every')} > 0 (the "
                                                    "best model is chosen on periodic validation)")
-        if self.metric not in self.metrics():
-            raise ConfigError(key("metric"), f"{self.metric!r} is not one of {self.metrics()}")
+        if self.metric is None:
+            self.metric = "mean_auc" if task == "ranking" else "ndcg@10"
+        per_task = task == "ranking" and self.metric.endswith((".auc", ".gauc"))
+        if self.metric not in self.metrics(task) and not per_task:
+            raise ConfigError(key("metric"), f"{self.metric!r} is not one of "
+                                             f"{self.metrics(task)}"
+                              + (" or <task>.auc / <task>.gauc" if task == "ranking" else ""))
         if self.holdout == "leave_one_out":
             for name, value in ((train_key("eval_every"), train.eval_every),
                                 (train_key("early_stopping_patience"),
@@ -179,13 +191,18 @@ class EvalConfig:
 
 @dataclass
 class ExperimentConfig:
+    """``task``: ``retrieval`` or ``ranking``; ``models``: the models to train (retrieval:
+    ``hstu`` / ``sasrec``; ranking: ``hstu`` / ``dlrm``); the sections."""
+
     name: str = "default"
     description: str = ""
-    models: List[Encoder] = field(default_factory=lambda: ["hstu"])
+    task: TaskKind = "retrieval"
+    models: List[str] = field(default_factory=lambda: ["hstu"])
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    ranking: RankingConfig = field(default_factory=RankingConfig)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -193,13 +210,18 @@ class ExperimentConfig:
     def check(self) -> None:
         """Every rule of every section (:class:`ConfigError` naming the key)."""
         if not self.models:
-            raise ConfigError("models", "needs at least one encoder")
+            raise ConfigError("models", "needs at least one model")
+        kinds = RankingModel if self.task == "ranking" else Encoder
+        for i, m in enumerate(self.models):
+            check_choice(f"models[{i}]", m, kinds)
         if len(set(self.models)) != len(self.models):
-            raise ConfigError("models", f"{self.models} names an encoder twice")
+            raise ConfigError("models", f"{self.models} names a model twice")
         self.data.check()
         self.model.check(tuple(self.models), prefixed("model"))
         self.train.check()
-        self.eval.check(self.train)
+        self.eval.check(self.train, self.task)
+        if self.task == "ranking":
+            self.ranking.check(self.model.max_seq_len)
 
 
 # -------------------------------------------------------------------------- loading

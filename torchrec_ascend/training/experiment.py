@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -30,6 +30,7 @@ from .config import ExperimentConfig
 from .console import Console, quiet_notices
 from .precision import resolve_precision
 from .process_group import DistEnv, init_distributed
+from .ranking import RankingTask, prepare_ranking
 from .recorder import plot
 from .retrieval import RetrievalTask, hold_out
 from .run_folder import RunFolder, check_writable_dir
@@ -42,6 +43,8 @@ __all__ = ["run_experiment", "prepare_task", "format_summary"]
 
 def prepare_task(cfg: ExperimentConfig, progress: bool = False) -> Task:
     """The config's data prepared for its task (collective in a multi-rank job)."""
+    if cfg.task == "ranking":
+        return RankingTask(cfg, prepare_ranking(cfg, progress=progress))
     seqs = load_sequences(cfg.data, progress=progress)
     return RetrievalTask(cfg, hold_out(seqs, cfg.eval.holdout))
 
@@ -108,7 +111,9 @@ def _run(cfg: ExperimentConfig, out: str, resume: bool, progress: bool,
         "seconds": time.perf_counter() - t0, "config_values": cfg.to_dict()}
     if env.rank == 0:
         valid_base = {k: v["valid"] for k, v in baselines.items() if v["valid"] is not None}
-        summary["plot"] = plot(out, histories, valid_base, key=cfg.eval.metric)
+        summary["plot"] = plot(out, histories, valid_base, keys=plot_keys(cfg, task),
+                               loss="training loss (" + ("per-task BCE" if task.name == "ranking"
+                                                         else "sampled softmax") + ")")
         tmp = os.path.join(out, "results.json.tmp")
         with open(tmp, "w") as f:
             json.dump(summary, f, indent=1)
@@ -119,8 +124,18 @@ def _run(cfg: ExperimentConfig, out: str, resume: bool, progress: bool,
     return summary
 
 
+def plot_keys(cfg: ExperimentConfig, task: Task) -> List[str]:
+    """The validation metrics ``training.png`` draws: ``eval.metric``, and for ranking every
+    task's AUC."""
+    if task.name == "ranking":
+        return [cfg.eval.metric] + [f"{t}.auc" for t in task.task_names]  # type: ignore[attr-defined]
+    return [cfg.eval.metric]
+
+
 def format_summary(s: Dict[str, Any]) -> str:
     """The final table: every model and baseline, validation and test."""
+    if s.get("task") == "ranking":
+        return _ranking_summary(s)
     rows = [(k, r["valid"], r["test"]) for k, r in s["models"].items()]
     rows += [(k, r["valid"], r["test"]) for k, r in s["baselines"].items()]
     keys = list(rows[0][2].keys())  # the test metrics (leave-one-out has no validation)
@@ -132,6 +147,31 @@ def format_summary(s: Dict[str, Any]) -> str:
             if met is None:  # leave-one-out: no validation
                 continue
             lines.append(f"{name:<14}{split:<7}" + "".join(f"{met[k]:>10.4f}" for k in keys))
+    for k, r in s["models"].items():
+        if r.get("tokens_per_s"):
+            lines.append(f"{k}: {r['tokens_per_s']:,.0f} tokens/s, MFU {100 * r['mfu']:.2f}% "
+                         f"(peak {s['peak_gflops']:.1f} GFLOP/s per rank), {r['steps']} steps"
+                         + (" (stopped early)" if r["stopped_early"] else ""))
+    if s.get("plot"):
+        lines.append(f"plot: {s['plot']}")
+    lines.append(f"total time: {s['seconds']:.1f}s")
+    return "\n".join(lines)
+
+
+def _ranking_summary(s: Dict[str, Any]) -> str:
+    rows = [(k, r["valid"], r["test"]) for k, r in s["models"].items()]
+    rows += [(k, r["valid"], r["test"]) for k, r in s["baselines"].items()]
+    tasks = [k for k, v in rows[0][2].items() if isinstance(v, dict)]
+    lines = [f"\n== {s['config']}: ranking, time split (AUC / GAUC / NE per task) ==",
+             f"{'model':<10}{'split':<7}" + "".join(f"{t:>26}" for t in tasks)]
+
+    def cell(m: Dict[str, Any]) -> str:
+        vals = [m.get(k) for k in ("auc", "gauc", "ne")]
+        return "".join(f"{v:8.4f}" if v is not None else f"{'-':>8}" for v in vals)
+
+    for name, valid, test in rows:
+        for split, met in (("valid", valid), ("test", test)):
+            lines.append(f"{name:<10}{split:<7}" + "".join(f"{cell(met[t]):>26}" for t in tasks))
     for k, r in s["models"].items():
         if r.get("tokens_per_s"):
             lines.append(f"{k}: {r['tokens_per_s']:,.0f} tokens/s, MFU {100 * r['mfu']:.2f}% "

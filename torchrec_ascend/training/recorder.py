@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Sequence
 
 __all__ = ["Recorder", "plot"]
 
@@ -68,36 +68,56 @@ class Recorder:
             self.tb = None
 
 
+def _lookup(metrics: Dict[str, Any], key: str) -> Optional[float]:
+    """``metrics[key]``, ``<a>.<b>`` reading a nested value; None where absent or null."""
+    value: Any = metrics
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def plot(out: str, histories: Dict[str, Dict[str, List[Any]]],
-         baselines: Dict[str, Dict[str, float]], key: str = "ndcg@10") -> str:
-    """``<out>/training.png``: training loss per step and validation ``key`` per evaluation for
-    each model, baselines as dashed lines; returns the path."""
+         baselines: Dict[str, Dict[str, Any]], keys: Sequence[str] = ("ndcg@10",),
+         loss: str = "training loss") -> str:
+    """``<out>/training.png``: the training loss per step, and one panel per validation metric
+    of ``keys`` (``<a>.<b>`` for a nested one, e.g. ``is_click.auc``) per evaluation for each
+    model, baselines as dashed lines; returns the path."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    cols = min(len(keys) + 1, 4)
+    rows = -(-(len(keys) + 1) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    panels = list(axes.ravel())
+    a1 = panels[0]
     for kind, h in histories.items():
         if h.get("loss"):
             s, v = zip(*h["loss"])
             a1.plot(s, v, label=kind)
-        evals = [e for e in h.get("eval", []) if key in e]
-        if evals:
-            a2.plot([e["step"] for e in evals], [e[key] for e in evals], marker="o", label=kind)
-    for name, met in baselines.items():
-        if key in met:
-            a2.axhline(met[key], linestyle="--", color="gray")
-            a2.annotate(name, (0, met[key]), textcoords="offset points", xytext=(2, 2), fontsize=8)
-    a1.set(title="training loss (sampled softmax)", xlabel="step")
-    a2.set(title=f"validation {key} (full corpus)", xlabel="step")
-    for a in (a1, a2):
-        if a.get_legend_handles_labels()[0]:
-            a.legend()
+    a1.set(title=loss, xlabel="step")
+    for key, ax in zip(keys, panels[1:]):
+        for kind, h in histories.items():
+            pts = [(e["step"], _lookup(e, key)) for e in h.get("eval", [])]
+            pts = [(st, v) for st, v in pts if v is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=kind)
+        for name, met in baselines.items():
+            v = _lookup(met, key)
+            if v is not None:
+                ax.axhline(v, linestyle="--", color="gray")
+                ax.annotate(name, (0, v), textcoords="offset points", xytext=(2, 2), fontsize=8)
+        ax.set(title=f"validation {key}", xlabel="step")
+    for ax in panels[len(keys) + 1:]:
+        ax.axis("off")
+    for ax in panels:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     path = os.path.join(out, "training.png")
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
-
-

@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Literal, Optional
+from typing import Any, Callable, Dict, List, Literal, Optional, TypeVar
 
 import torch.distributed as dist
 
@@ -28,7 +28,10 @@ from ..datasets.table import TableOptions
 from ..options import Key, OptionError, check_choice, option, prefixed
 from .process_group import raise_on_every_rank
 
-__all__ = ["DataSource", "DataConfig", "table_spec", "check_source", "load_sequences"]
+__all__ = ["DataSource", "DataConfig", "table_spec", "check_source", "load_sequences",
+           "rank_zero_first", "synthetic_files"]
+
+T = TypeVar("T")
 
 DataSource = Literal["table", "kuairand", "synthetic"]
 """``data.source``: a generic table, the official KuaiRand logs, or the built-in generator."""
@@ -46,11 +49,16 @@ class DataConfig(TableOptions):
     built-in KuaiRand-format generator, ``synthetic`` = :class:`torchrec_ascend.datasets.
     SyntheticConfig` fields).  min_len: users with fewer positives are dropped (>= 3: one history
     item, a validation and a test item).  cache_dir: preprocessed sequences are cached there;
-    num_buckets: preprocessing partitions.
+    num_buckets: preprocessing partitions.  user_features / item_features (ranking): a file of
+    side features per user / item (KuaiRand's ``user_features_*.csv`` and
+    ``video_features_basic_*.csv``; for a table, a CSV whose ``user_col`` / ``item_col`` column
+    holds the ids and every other column is a feature).
     """
 
     source: DataSource = "table"
     files: List[str] = field(default_factory=list)
+    user_features: Optional[str] = None
+    item_features: Optional[str] = None
     min_len: int = option(3, min=3)
     cache_dir: str = "data_cache"
     num_buckets: int = option(32, min=1)
@@ -101,30 +109,42 @@ def check_source(d: DataConfig) -> None:
     d.check()
 
 
-def _synthetic_files(d: DataConfig) -> list:
+def synthetic_files(d: DataConfig) -> Dict[str, str]:
+    """The built-in generator's KuaiRand-format files for ``d.synthetic`` (written once into
+    the cache): ``log_standard``, ``user_features``, ``video_features``, ..."""
     syn = _synthetic_config(d)
     key = hashlib.sha256(json.dumps(d.synthetic, sort_keys=True).encode()).hexdigest()[:12]
     folder = os.path.join(d.cache_dir, f"synthetic-{key}")
-    path = os.path.join(folder, f"log_standard_{syn.tag}.csv")
-    if not os.path.isfile(path):
+    names = {"log_standard": f"log_standard_{syn.tag}.csv",
+             "user_features": f"user_features_{syn.tag}.csv",
+             "video_features": f"video_features_basic_{syn.tag}.csv"}
+    paths = {k: os.path.join(folder, v) for k, v in names.items()}
+    if not os.path.isfile(paths["log_standard"]):
         generate(folder, syn)
-    return [path]
+    return {k: p for k, p in paths.items() if os.path.isfile(p)}
 
 
 def _load(d: DataConfig, progress: bool) -> Sequences:
     kw = {"num_buckets": d.num_buckets}
     if d.source == "table":
         return load_table_sequences(table_spec(d), d.cache_dir, d.min_len, progress=progress, **kw)
-    files = _synthetic_files(d) if d.source == "synthetic" else expand_paths(d.files)
+    files = ([synthetic_files(d)["log_standard"]] if d.source == "synthetic"
+             else expand_paths(d.files))
     return load_kuairand(files, d.cache_dir, _kuairand_rule(d), d.min_len, progress=progress, **kw)
 
 
-def load_sequences(d: DataConfig, progress: bool = False, rank: Optional[int] = None) -> Sequences:
+def rank_zero_first(load: Callable[[bool], T], progress: bool = False) -> T:
+    """``load(progress)`` on rank 0 first (it builds the cache; its data error is raised on
+    every rank), then on the other ranks (they read the finished cache).  Collective when a
+    process group of several ranks is initialised."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return load(progress)
+    r = dist.get_rank()
+    first = raise_on_every_rank(lambda: load(progress) if r == 0 else None)
+    return first if r == 0 else load(False)
+
+
+def load_sequences(d: DataConfig, progress: bool = False) -> Sequences:
     """The positive sequences of ``d`` (collective when a process group is initialised)."""
     check_source(d)
-    multi = dist.is_initialized() and dist.get_world_size() > 1
-    r = rank if rank is not None else (dist.get_rank() if dist.is_initialized() else 0)
-    if not multi:
-        return _load(d, progress)
-    first = raise_on_every_rank(lambda: _load(d, progress) if r == 0 else None)
-    return first if r == 0 else _load(d, False)
+    return rank_zero_first(lambda p: _load(d, p), progress)

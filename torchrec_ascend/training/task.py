@@ -10,13 +10,19 @@ progress bar.
 from __future__ import annotations
 
 import abc
-from typing import Any, Dict, Iterator, List, Optional, Protocol
+from typing import Any, Dict, Iterator, List, Literal, Optional, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["Task", "BatchSource", "sparse_parameters"]
+from ..options import choices
+
+__all__ = ["Task", "TaskKind", "TASK_KINDS", "BatchSource", "sparse_parameters"]
+
+TaskKind = Literal["retrieval", "ranking"]
+"""``task``: next-item retrieval (sampled softmax, HR / NDCG) or multi-task ranking (BCE, AUC)."""
+TASK_KINDS = choices(TaskKind)
 
 
 class BatchSource(Protocol):
@@ -68,8 +74,8 @@ class Task(abc.ABC):
         """TorchRec sharders of the model's embedding modules."""
 
     @abc.abstractmethod
-    def table_names(self) -> List[str]:
-        """The embedding tables (the planner's constraints name them)."""
+    def table_names(self, kind: str) -> List[str]:
+        """The embedding tables of model ``kind`` (the planner's constraints name them)."""
 
     @abc.abstractmethod
     def init_tables(self, model: nn.Module, seed: int) -> None:
@@ -81,14 +87,23 @@ class Task(abc.ABC):
         """This rank's training batches for encoder ``kind``."""
 
     @abc.abstractmethod
-    def evaluate(self, model: nn.Module, which: str, users: np.ndarray,
+    def evaluate(self, model: nn.Module, which: str, share: Any,
                  device: torch.device) -> Dict[str, Any]:
-        """Metrics of ``model`` (the unwrapped module) on ``which`` (``valid`` / ``test``) over
-        this rank's share ``users`` of the evaluated users (collective)."""
+        """Metrics of ``model`` (the unwrapped module) on ``which`` (``valid`` / ``test``) from
+        this rank's ``share`` of it (:meth:`eval_share`; collective)."""
 
     @abc.abstractmethod
-    def eval_users(self, rank: int, world: int, limit: Optional[int] = None) -> np.ndarray:
-        """This rank's share of the evaluated users (``limit``: a fixed random subset)."""
+    def eval_share(self, which: str, rank: int, world: int, limit: Optional[int] = None) -> Any:
+        """This rank's share of evaluating ``which`` (``limit``: a fixed random subset of that
+        many users / examples, for periodic validation)."""
+
+    def metric(self, metrics: Dict[str, Any], name: str) -> float:
+        """The value of ``eval.metric`` ``name`` in an evaluation's result (higher is better;
+        ``<a>.<b>`` reads a nested value)."""
+        value: Any = metrics
+        for part in name.split("."):
+            value = value[part]
+        return float(value) if value is not None else float("-inf")
 
     @abc.abstractmethod
     def data_summary(self) -> Dict[str, Any]:

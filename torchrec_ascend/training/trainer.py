@@ -146,7 +146,7 @@ class Trainer:
         planner = make_planner(
             t.planner, compute_device=env.device.type, world_size=env.world_size,
             local_world_size=env.local_world_size,
-            constraints={name: [t.sharding] for name in task.table_names()},
+            constraints={name: [t.sharding] for name in task.table_names(self.kind)},
             dense_bytes=16 * self.num_dense, sync_every=t.sync_every)  # param, grad, 2 AdamW
         self.plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
         self.dmp = wrap_model(model, env.device, self.plan, sharders, t.staleness, planner,
@@ -204,9 +204,9 @@ class Trainer:
         """Metrics on ``which`` (``valid`` / ``test``), pipeline detached (collective); 2-D: of
         the hosts' replicas merged."""
         self.pipeline.detach()
-        users = self.task.eval_users(self.env.rank, self.env.world_size, limit)
+        share = self.task.eval_share(which, self.env.rank, self.env.world_size, limit)
         with self.dmp.merged_weights():
-            return self.task.evaluate(self.model, which, users, self.env.device)
+            return self.task.evaluate(self.model, which, share, self.env.device)
 
     # ------------------------------------------------------------------ the loop
     def train_segment(self, start: int, end: int,
@@ -356,7 +356,7 @@ class Trainer:
         rec.log({"step": step, "split": "valid", **met})
         for k, v in _scalars(met).items():
             rec.scalar(f"valid/{k}", v, step)
-        value = met[e.metric]
+        value = self.task.metric(met, e.metric)
         if stop["best"] is None or value > stop["best"]:
             stop.update(best=value, best_step=step, bad=0)
             if e.restore_best:
@@ -366,8 +366,9 @@ class Trainer:
             stop["bad"] += 1
             if t.early_stopping_patience and stop["bad"] >= t.early_stopping_patience:
                 stop["stopped"] = True
+        shown = {k: v for k, v in _scalars(met).items() if "/" not in k or k.endswith("/auc")}
         self.console.say(f"[{self.kind}] step {step} valid " +
-                         " ".join(f"{k} {v:.4f}" for k, v in _scalars(met).items()) +
+                         " ".join(f"{k} {v:.4f}" for k, v in shown.items()) +
                          (" (early stop)" if stop["stopped"] else ""))
 
 

@@ -45,7 +45,7 @@ class RetrievalTask(Task):
 
         return [EmbeddingCollectionSharder()]
 
-    def table_names(self) -> List[str]:
+    def table_names(self, kind: str) -> List[str]:
         return [TABLE]
 
     def init_tables(self, model: nn.Module, seed: int) -> None:
@@ -64,11 +64,12 @@ class RetrievalTask(Task):
             RankShare(t.balance, cost, rank, world, t.batch_size, balance_group),
             ahead=t.balance_ahead)
 
-    def evaluate(self, model: nn.Module, which: str, users: np.ndarray,
+    def evaluate(self, model: nn.Module, which: str, share: np.ndarray,
                  device: torch.device) -> Dict[str, Any]:
-        return self.evaluator.evaluate(model, which, users, device)
+        return self.evaluator.evaluate(model, which, share, device)
 
-    def eval_users(self, rank: int, world: int, limit: Optional[int] = None) -> np.ndarray:
+    def eval_share(self, which: str, rank: int, world: int,
+                   limit: Optional[int] = None) -> np.ndarray:
         return eval_users(self.split.num_users, rank, world, limit)
 
     def data_summary(self) -> Dict[str, Any]:
@@ -90,7 +91,7 @@ class RetrievalTask(Task):
                 f"events (prefix length mean {lens.mean():.1f}, max {lens.max()}); {holdout}{dup}")
 
     def baselines(self, rank: int, world: int) -> Dict[str, Dict[str, Any]]:
-        users = self.eval_users(rank, world)
+        users = self.eval_share("test", rank, world)
         ev = self.evaluator
         return {"most_popular": {
             "valid": ev.most_popular("valid", users) if self.split.has_valid else None,

@@ -1,0 +1,64 @@
+"""The ``ranking`` section of a config (``task = "ranking"``): tasks, the time split, the example
+windows, the token layout and the heads.  Every rule is checked here (:class:`OptionError`
+naming the key)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Literal, Optional
+
+from ...models.generative_ranker import ActionLayout
+from ...options import Key, OptionError, option, prefixed
+
+__all__ = ["RankingConfig", "RankingModel", "RANKING_METRICS"]
+
+RankingModel = Literal["hstu", "dlrm"]
+"""The ranking task's models: the HSTU ranker, TorchRec's DLRM baseline."""
+
+RANKING_METRICS = ("mean_auc", "mean_gauc")
+"""``eval.metric`` of a ranking run: the mean over tasks, or ``<task>.auc`` / ``<task>.gauc``."""
+
+
+@dataclass
+class RankingConfig:
+    """The ranking task (docs/ranking.md).
+
+    tasks: the label names to train and report (empty: every task of the data with both classes
+    in the training days).  task_weights: ``{task: weight}`` of the loss (default 1).  layout:
+    ``summed`` (a history impression's action added to its item token) or ``interleaved``
+    (a token of its own).  max_candidates: impressions per example window.  test_days /
+    valid_days: the time split (the last days are the test, the ones before the validation).
+    utc_offset_hours: where calendar days start (null: the data's -- KuaiRand's Beijing time,
+    UTC+8; tables UTC).  head_dims: the task MLP's hidden widths.  dlrm_dense_dims /
+    dlrm_over_dims: the DLRM baseline's dense and over arch hidden widths.  ctr_smoothing: the
+    no-history baseline's prior weight (pseudo-impressions) of a user's and a video's rate.
+    """
+
+    tasks: List[str] = field(default_factory=list)
+    task_weights: Dict[str, float] = field(default_factory=dict)
+    layout: ActionLayout = "summed"
+    max_candidates: int = option(16, min=1)
+    test_days: int = option(1, min=1)
+    valid_days: int = option(1, min=1)
+    utc_offset_hours: Optional[float] = option(None, min=-14, below=15)
+    head_dims: List[int] = option(min=1, default_factory=lambda: [256])
+    dlrm_dense_dims: List[int] = option(min=1, default_factory=lambda: [128])
+    dlrm_over_dims: List[int] = option(min=1, default_factory=lambda: [256, 128])
+    ctr_smoothing: float = option(10.0, gt=0, finite=True)
+
+    def check(self, max_seq_len: int, key: Key = prefixed("ranking"),
+              model_key: Key = prefixed("model")) -> None:
+        """The rules that involve other sections: a window must fit the sequence with room for
+        history."""
+        for name, w in self.task_weights.items():
+            if not isinstance(w, (int, float)) or isinstance(w, bool) or not w >= 0:
+                raise OptionError(key(f"task_weights.{name}"), f"{w!r} is not a number >= 0")
+        unknown = set(self.task_weights) - set(self.tasks) if self.tasks else set()
+        if unknown:
+            raise OptionError(key("task_weights"), f"{sorted(unknown)} are not in "
+                                                   f"{key('tasks')} {self.tasks}")
+        if self.max_candidates + 3 > max_seq_len:
+            raise OptionError(key("max_candidates"), f"{self.max_candidates} leaves no room for "
+                                                     f"history in {model_key('max_seq_len')}="
+                                                     f"{max_seq_len} (contextual tokens + "
+                                                     "history + candidates)")

@@ -1,0 +1,110 @@
+"""Ranking evaluation: every candidate of a split scored, the metrics of each task exact over the
+whole split (:mod:`torchrec_ascend.metrics.ranking`), gathered from every rank.
+
+Each rank scores its share of the split's examples in ``batch_size`` batches; every rank makes
+the same number of lookups (the sharded tables need every rank in each one: a rank without
+examples left scores a stand-in and drops it).  The scores, labels and users are gathered on
+every rank, which compute the same metrics.
+
+Returns ``{"<task>": {"auc", "gauc", "gauc_users", "ne", "logloss", "positive_rate", "count"
+(, "reason")}, ..., "mean_auc", "mean_gauc"}`` (the means over the tasks with a value).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ...metrics.ranking import ranking_metrics
+from .batches import ExampleBuilder
+from .data import Examples
+
+__all__ = ["RankingEvaluator", "metrics_of", "split_share"]
+
+
+def split_share(indices: np.ndarray, rank: int, world: int, batch_size: int
+                ) -> List[np.ndarray]:
+    """This rank's batches of the example ``indices``: global batches of ``batch_size x
+    world``, each rank its contiguous part; the same number of batches on every rank (possibly
+    empty)."""
+    n, per = len(indices), batch_size * world
+    out = []
+    for g in range(max(1, math.ceil(n / per))):
+        lo = min(g * per + rank * batch_size, n)
+        out.append(indices[lo:min(lo + batch_size, n, g * per + per)])
+    return out
+
+
+def metrics_of(scores: np.ndarray, labels: np.ndarray, users: np.ndarray,
+               tasks: Sequence[str]) -> Dict[str, Any]:
+    """The evaluator's result (module docstring) from probabilities ``scores [N, tasks]``."""
+    out: Dict[str, Any] = {}
+    aucs, gaucs = [], []
+    for i, name in enumerate(tasks):
+        m = ranking_metrics(scores[:, i], labels[:, i], users)
+        out[name] = m
+        if m["auc"] is not None:
+            aucs.append(m["auc"])
+        if m["gauc"] is not None:
+            gaucs.append(m["gauc"])
+    out["mean_auc"] = float(np.mean(aucs)) if aucs else None
+    out["mean_gauc"] = float(np.mean(gaucs)) if gaucs else None
+    return out
+
+
+class RankingEvaluator:
+    """Scores ``examples[which]`` with a model (``predict(batch)`` -> logits) built by
+    ``builder``."""
+
+    def __init__(self, builder: ExampleBuilder, examples: Dict[str, Examples],
+                 tasks: Sequence[str], batch_size: int) -> None:
+        self.builder, self.examples = builder, examples
+        self.tasks, self.batch_size = list(tasks), int(batch_size)
+
+    def share(self, which: str, rank: int, world: int, limit: Optional[int] = None,
+              seed: int = 12345) -> List[np.ndarray]:
+        """This rank's batches of split ``which`` (``limit``: a fixed random subset of that many
+        examples)."""
+        n = len(self.examples[which])
+        idx = np.arange(n)
+        if limit is not None and limit < n:
+            idx = np.sort(np.random.default_rng(seed).choice(n, limit, replace=False))
+        return split_share(idx, rank, world, self.batch_size)
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, which: str, batches: List[np.ndarray],
+                 device: torch.device) -> Dict[str, Any]:
+        """Metrics of ``model`` on ``which`` from this rank's ``batches`` (collective)."""
+        was = model.training
+        model.eval()
+        ex = self.examples[which]
+        parts: List[tuple] = []
+        try:
+            for rows in batches:
+                stand_in = len(rows) == 0
+                batch = self.builder.build(ex.take(rows if not stand_in else np.array([0])), 1.0)
+                logits = model.predict(batch.to(device))  # type: ignore[operator]
+                if not stand_in:
+                    users = getattr(batch, "candidate_users", None)
+                    users = users if users is not None else batch.users
+                    parts.append((torch.sigmoid(logits).double().cpu().numpy(),
+                                  batch.labels.numpy(), users.numpy()))
+        finally:
+            model.train(was)
+        scores, labels, users = _gather(parts, len(self.tasks))
+        return metrics_of(scores, labels, users, self.tasks)
+
+
+def _gather(parts: List[tuple], tasks: int):
+    local = (np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, tasks)),
+             np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, tasks)),
+             np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, dtype=np.int64))
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return local
+    everyone: List[Optional[tuple]] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, local)
+    return tuple(np.concatenate([e[i] for e in everyone]) for i in range(3))  # type: ignore[index]
