@@ -6,7 +6,12 @@
   loss by 1 / (the global batch) gets the single-process gradient, like the sharded tables',
   which TorchRec's backward sums);
 * :class:`DeferredGradWrapper` + :class:`DenseGradSync`: a dense gradient all-reduce that a
-  pipeline starts and waits for itself (no DDP), for ``staleness >= 1``.
+  pipeline starts and waits for itself (no DDP), for ``staleness >= 1``;
+* :func:`summed_sparse_gradients`: inside it TorchRec's sharded embedding backward sums the
+  ranks' gradients instead of averaging them (``torchrec.distributed.comm_ops``' gradient
+  division, on by default, divides by the world size): with the loss scaled by 1 / the global
+  batch, every table then gets the single-process gradient too.  Row-wise Adagrad hides a
+  constant factor but for its ``eps``: small gradients (ranking's) showed the difference.
 
 TorchRec's DistributedModelParallel wraps the unsharded (dense) part in DDP, whose all-reduce
 finishes inside ``loss.backward()``.  With ``staleness >= 1`` our DistributedModelParallel uses
@@ -19,7 +24,8 @@ does the next batch's sparse work.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Optional
+import contextlib
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -32,7 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
 __all__ = ["DenseGradSync", "DeferredGradWrapper", "SumDataParallelWrapper",
-           "UnsyncedGradientsError"]
+           "UnsyncedGradientsError", "summed_sparse_gradients"]
 
 
 class UnsyncedGradientsError(RuntimeError):
@@ -145,3 +151,17 @@ class SumDataParallelWrapper:
             bucket_cap_mb=self.bucket_cap_mb)
         ddp.register_comm_hook(env.process_group, _sum_hook)
         dmp._dmp_wrapped_module = ddp
+
+
+@contextlib.contextmanager
+def summed_sparse_gradients() -> Iterator[None]:
+    """Inside: TorchRec's embedding all-to-all / reduce-scatter backward does not divide the
+    gradients by the world size (module docstring); the previous setting after."""
+    from torchrec.distributed import comm_ops
+
+    before = comm_ops.get_gradient_division()
+    comm_ops.set_gradient_division(False)
+    try:
+        yield
+    finally:
+        comm_ops.set_gradient_division(before)

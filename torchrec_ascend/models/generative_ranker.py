@@ -23,9 +23,11 @@ user features and candidates under the target-aware mask, scored for every task.
 The fused HSTU kernel (:func:`torchrec_ascend.ops.hstu_mha`) runs causal attention with
 ``contextual_seq_len = C`` (every token sees the contextual ones) and ``num_targets = K`` (each
 candidate sees the history and itself only: no candidate's label -- nor its being a candidate
-next to others -- reaches another's score).  Each candidate's output, layer-normed and joined
-with its input embedding, goes through an MLP to one logit per task; the loss is the sum over
-tasks of ``weight x BCE``, summed over candidates and scaled by ``batch.loss_scale``.
+next to others -- reaches another's score).  The task head reads, for each candidate, its HSTU
+output (layer-normed), its own input embedding, the user's and the user features' embeddings,
+and the pairwise dot products of these four (DLRM's interaction): an MLP maps them to one logit
+per task.  So the head sees what the DLRM baseline sees, plus the sequence.  The loss is the
+sum over tasks of ``weight x BCE``, summed over candidates and scaled by ``batch.loss_scale``.
 
 **Tables** live in one TorchRec ``EmbeddingCollection`` (``model.ec``: sharded by the planner,
 trained by the fused row-wise Adagrad): ``item`` and ``user`` ids, and one small table per side /
@@ -193,7 +195,9 @@ class RankerHead(nn.Module):
                                    num_time_buckets=cfg.num_time_buckets,
                                    contextual_seq_len=spec.contextual_tokens, l2_normalize=False)
         self.out_norm = nn.LayerNorm(d)
-        self.tasks = TaskHead(2 * d, head_dims, len(task_weights), cfg.dropout)
+        vectors = 4 if spec.user_features else 3
+        self.tasks = TaskHead(vectors * d + vectors * (vectors - 1) // 2, head_dims,
+                              len(task_weights), cfg.dropout)
 
     def _values(self, lookups: Dict[str, object], key: str) -> torch.Tensor:
         return lookups[key].values()[:, :self.dim]  # type: ignore[attr-defined]
@@ -206,9 +210,10 @@ class RankerHead(nn.Module):
         return out
 
     def tokens(self, lookups: Dict[str, object], batch: RankingBatch
-               ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``(x [T, D], item_x [I, D])``: every token's input, and the item tokens' own
-        embedding (item + side features + context, without action or role)."""
+               ) -> Tuple[torch.Tensor, torch.Tensor, List[torch.Tensor]]:
+        """``(x [T, D], item_x [I, D], [user [B, D], user features [B, D]])``: every token's
+        input, the item tokens' own embedding (item + side features + context, without action
+        or role), and the contextual tokens' inputs."""
         spec = self.spec
         item = self._values(lookups, "item")
         item_x = item + self._sum(lookups, [feature_key("item", f) for f in spec.item_features]
@@ -226,24 +231,32 @@ class RankerHead(nn.Module):
             x = x.index_put((batch.action_pos,), action[batch.action_item]
                             + self.role.weight[ROLE_ACTION])
         starts = batch.offsets[:-1]
-        x = x.index_put((starts,), self._values(lookups, "user"))
+        user = self._values(lookups, "user")
+        x = x.index_put((starts,), user)
+        context = [user]
         if spec.user_features:
-            ufeat = self._sum(lookups, [feature_key("user", f) for f in spec.user_features],
-                              self._values(lookups, "user"))
+            ufeat = self._sum(lookups, [feature_key("user", f) for f in spec.user_features], user)
             x = x.index_put((starts + 1,), ufeat)
-        return x, item_x
+            context.append(ufeat)
+        return x, item_x, context
 
     def predict(self, lookups: Dict[str, object], batch: RankingBatch) -> torch.Tensor:
         """``[candidates, tasks]`` logits (fp32)."""
-        x, item_x = self.tokens(lookups, batch)
+        x, item_x, context = self.tokens(lookups, batch)
         mixed = self.compute_dtype != torch.float32
         amp = (torch.autocast(x.device.type, dtype=self.compute_dtype) if mixed
                else contextlib.nullcontext())
         with amp:
             h = self.encoder(x, batch.offsets, batch.timestamps, batch.num_targets)
         cand = batch.item_role == ROLE_CANDIDATE
-        hc = self.out_norm(h[batch.item_pos[cand]].float())
-        return self.tasks(torch.cat([hc, item_x[cand]], dim=1)).float()
+        example = torch.repeat_interleave(torch.arange(batch.num_targets.numel(),
+                                                       device=x.device), batch.num_targets)
+        vecs = [self.out_norm(h[batch.item_pos[cand]].float()), item_x[cand]]
+        vecs += [c[example] for c in context]
+        stacked = torch.stack(vecs, dim=1)  # [Kc, V, D]
+        dots = torch.bmm(stacked, stacked.transpose(1, 2))
+        i, j = torch.triu_indices(len(vecs), len(vecs), offset=1, device=x.device)
+        return self.tasks(torch.cat(vecs + [dots[:, i, j]], dim=1)).float()
 
     def forward(self, lookups: Dict[str, object], batch: RankingBatch
                 ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
@@ -257,9 +270,12 @@ class RankerHead(nn.Module):
         return loss, (loss.detach(), stats)
 
     def step_flops(self, batch: RankingBatch) -> float:
-        """Forward + backward matmul FLOPs of one training step on this batch."""
+        """Forward + backward matmul FLOPs of one training step on this batch (the encoder, the
+        interaction's dot products, the task MLP)."""
+        v = 4 if self.spec.user_features else 3
+        dots = 2.0 * batch.num_candidates * v * v * self.dim
         return (float(self.encoder.flops(batch.offsets, backward=True))
-                + 3.0 * self.tasks.flops(batch.num_candidates))
+                + 3.0 * (self.tasks.flops(batch.num_candidates) + dots))
 
 
 class GenerativeRanker(nn.Module):

@@ -1,6 +1,8 @@
 """``python -m torchrec_ascend.training``: train HSTU on any user / item / timestamp table.
 
     python -m torchrec_ascend.training --data events.csv --out runs/events
+    python -m torchrec_ascend.training --task ranking --data log.csv --label-cols click,like \
+        --context-cols page --out runs/rank
     python -m torchrec_ascend.training --data ratings.parquet --user-col uid --item-col iid \\
         --time-col ts --config reference --set train.batch_size=64 --epochs 10 --out runs/r
     torchrun --nproc_per_node=2 -m torchrec_ascend.training --data events.csv --out runs/e
@@ -29,6 +31,7 @@ from ..datasets import DataError
 from ..distributed.train_pipeline import PeerFailureError
 from ..metrics import NonFiniteScoreError
 from .config import CONFIG_DIR, ConfigError, ExperimentConfig, load_config
+from .task import TASK_KINDS
 from .trainer import NonFiniteTrainingError
 
 __all__ = ["main", "add_common_arguments", "common_overrides", "run_cli", "CONFIG_DIR"]
@@ -42,7 +45,9 @@ def add_common_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--steps", type=int, default=None, help="train.steps")
     ap.add_argument("--epochs", type=float, default=None,
                     help="train.epochs (instead of steps: passes over the trainable users)")
-    ap.add_argument("--models", default=None, help="comma list of encoders: hstu,sasrec")
+    ap.add_argument("--models", default=None,
+                    help="comma list of models: hstu,sasrec (retrieval; default hstu) or "
+                         "hstu,dlrm (ranking; default both)")
     ap.add_argument("--resume", action="store_true",
                     help="continue the run in --out from its newest intact checkpoint")
     ap.add_argument("--overwrite", action="store_true",
@@ -102,14 +107,28 @@ def run_cli(build: Callable[[], ExperimentConfig], out: Callable[[ExperimentConf
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m torchrec_ascend.training",
-                                 description="Train HSTU (and optionally SASRec) on a table of "
-                                             "user / item / timestamp interactions.")
+                                 description="Train HSTU on a table of user / item / timestamp "
+                                             "interactions: next-item retrieval (and the SASRec "
+                                             "baseline), or a multi-task ranker of label "
+                                             "columns (and TorchRec's DLRM baseline).")
     ap.add_argument("--data", nargs="+", required=True, metavar="FILE",
                     help="CSV / TSV / Parquet file(s) or glob(s)")
     ap.add_argument("--user-col", default=None, help="user id column (default user_id)")
     ap.add_argument("--item-col", default=None, help="item id column (default item_id)")
     ap.add_argument("--time-col", default=None, help="timestamp column (default timestamp)")
     ap.add_argument("--sep", default=None, help="CSV / TSV delimiter (default: detected)")
+    ap.add_argument("--task", default=None, choices=TASK_KINDS,
+                    help="retrieval (default: next item, HR / NDCG) or ranking (per-task "
+                         "labels, AUC / GAUC / NE; needs --label-cols)")
+    ap.add_argument("--label-cols", default=None, metavar="A,B,...",
+                    help="ranking: the 0/1 label columns (data.action_cols), one task each")
+    ap.add_argument("--context-cols", default=None, metavar="A,B,...",
+                    help="ranking: integer columns known when an impression was served (e.g. "
+                         "its page): candidate features (data.context_cols)")
+    ap.add_argument("--user-features", default=None, metavar="FILE",
+                    help="ranking: a CSV of user side features (data.user_features)")
+    ap.add_argument("--item-features", default=None, metavar="FILE",
+                    help="ranking: a CSV of item side features (data.item_features)")
     ap.add_argument("--config", default=None,
                     help=f"config name in {CONFIG_DIR} or a JSON / YAML path (default: the "
                          "built-in defaults)")
@@ -122,10 +141,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     base: Dict[str, Any] = {"data": {"source": "table", "files": list(args.data)}}
     for flag, key in (("user_col", "user_col"), ("item_col", "item_col"),
-                      ("time_col", "time_col"), ("sep", "sep")):
+                      ("time_col", "time_col"), ("sep", "sep"), ("user_features", "user_features"),
+                      ("item_features", "item_features")):
         v = getattr(args, flag)
         if v is not None:
             base["data"][key] = v
+    for flag, key in (("label_cols", "action_cols"), ("context_cols", "context_cols")):
+        v = getattr(args, flag)
+        if v is not None:
+            base["data"][key] = [c.strip() for c in v.split(",") if c.strip()]
+    if args.task is not None:
+        base["task"] = args.task
     sets = common_overrides(args)
     sets.append("data.source=table")
 

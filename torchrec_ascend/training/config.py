@@ -192,12 +192,13 @@ class EvalConfig:
 @dataclass
 class ExperimentConfig:
     """``task``: ``retrieval`` or ``ranking``; ``models``: the models to train (retrieval:
-    ``hstu`` / ``sasrec``; ranking: ``hstu`` / ``dlrm``); the sections."""
+    ``hstu`` / ``sasrec``, default ``["hstu"]``; ranking: ``hstu`` / ``dlrm``, default both:
+    the DLRM baseline trains in the same run); the sections."""
 
     name: str = "default"
     description: str = ""
     task: TaskKind = "retrieval"
-    models: List[str] = field(default_factory=lambda: ["hstu"])
+    models: Optional[List[str]] = None
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -208,7 +209,10 @@ class ExperimentConfig:
         return dataclasses.asdict(self)
 
     def check(self) -> None:
-        """Every rule of every section (:class:`ConfigError` naming the key)."""
+        """Every rule of every section (:class:`ConfigError` naming the key); an unset
+        ``models`` becomes the task's default."""
+        if self.models is None:
+            self.models = ["hstu", "dlrm"] if self.task == "ranking" else ["hstu"]
         if not self.models:
             raise ConfigError("models", "needs at least one model")
         kinds = RankingModel if self.task == "ranking" else Encoder

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from ..device import dtype_name
+from ..distributed.data_parallel import summed_sparse_gradients
 from ..distributed.planner import make_planner
 from ..distributed.train_pipeline import PeerFailureError
 from ..distributed.train_pipeline.faults import is_peer_failure
@@ -249,7 +250,7 @@ class Trainer:
     def fit(self) -> Dict[str, Any]:
         """Train to ``total`` steps (from the newest intact checkpoint with ``resume``), evaluate;
         returns the results, ``history`` (losses, evaluations, throughput) included."""
-        t, e = self.cfg.train, self.cfg.eval
+        t = self.cfg.train
         start = 0
         history: Dict[str, list] = {"loss": [], "eval": [], "perf": []}
         stop = {"best": None, "best_step": None, "bad": 0, "stopped": False}
@@ -285,20 +286,36 @@ class Trainer:
         step = start
         self.console.open_bar(f"train {self.kind}", self.total, start, self.progress)
         try:
-            for end in self._boundaries(start):
-                if stop["stopped"]:
-                    break
-                seg_end[0] = end
-                step = self.train_segment(step, end, on_step)
-                if t.eval_every and step % t.eval_every == 0 and step < self.total:
-                    self._periodic_eval(step, history, rec, stop)
-                if t.checkpoint_every and step % t.checkpoint_every == 0:
-                    self._save(self.root, step, {"history": history, "early_stopping": stop,
-                                                 "kind": self.kind}, t.keep_checkpoints)
+            with summed_sparse_gradients():
+                step = self._train_to(step, on_step, seg_end, history, rec, stop)
         finally:
             self.console.close_bar()
             self.batches.close()
             self.pipeline.close()
+        return self._finish(step, history, rec, stop)
+
+    def _train_to(self, step: int, on_step: Callable, seg_end: List[int],
+                  history: Dict[str, list], rec: Recorder, stop: Dict[str, Any]) -> int:
+        """The segments from ``step`` to ``total`` (or early stop), with periodic evaluations
+        and checkpoints; returns the last step."""
+        t = self.cfg.train
+        for end in self._boundaries(step):
+            if stop["stopped"]:
+                break
+            seg_end[0] = end
+            step = self.train_segment(step, end, on_step)
+            if t.eval_every and step % t.eval_every == 0 and step < self.total:
+                self._periodic_eval(step, history, rec, stop)
+            if t.checkpoint_every and step % t.checkpoint_every == 0:
+                self._save(self.root, step, {"history": history, "early_stopping": stop,
+                                             "kind": self.kind}, t.keep_checkpoints)
+        return step
+
+    def _finish(self, step: int, history: Dict[str, list], rec: Recorder,
+                stop: Dict[str, Any]) -> Dict[str, Any]:
+        """The picture, the best model back (``eval.restore_best``), the final validation and
+        test; the results."""
+        t, e = self.cfg.train, self.cfg.eval
         if self.env.rank == 0:
             draw_pipeline_png(self.pipeline, f"{self.root}/pipeline.png",
                               title=f"{self.kind}: train.pipeline={t.pipeline}, "

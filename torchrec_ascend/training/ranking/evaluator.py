@@ -7,7 +7,9 @@ examples left scores a stand-in and drops it).  The scores, labels and users are
 every rank, which compute the same metrics.
 
 Returns ``{"<task>": {"auc", "gauc", "gauc_users", "ne", "logloss", "positive_rate", "count"
-(, "reason")}, ..., "mean_auc", "mean_gauc"}`` (the means over the tasks with a value).
+(, "reason")}, ..., "mean_auc", "mean_gauc"}``: the means over the tasks with at least
+:data:`MEAN_MIN_POSITIVES` positives in the split (a rarer task's AUC moves by several points
+from one positive to the next; it is reported, not averaged).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from ...metrics.ranking import ranking_metrics
 from .batches import ExampleBuilder
 from .data import Examples
 
-__all__ = ["RankingEvaluator", "metrics_of", "split_share"]
+__all__ = ["RankingEvaluator", "metrics_of", "split_share", "MEAN_MIN_POSITIVES"]
+
+MEAN_MIN_POSITIVES = 100
 
 
 def split_share(indices: np.ndarray, rank: int, world: int, batch_size: int
@@ -47,6 +51,8 @@ def metrics_of(scores: np.ndarray, labels: np.ndarray, users: np.ndarray,
     for i, name in enumerate(tasks):
         m = ranking_metrics(scores[:, i], labels[:, i], users)
         out[name] = m
+        if labels[:, i].sum() < MEAN_MIN_POSITIVES:
+            continue
         if m["auc"] is not None:
             aucs.append(m["auc"])
         if m["gauc"] is not None:
@@ -58,12 +64,14 @@ def metrics_of(scores: np.ndarray, labels: np.ndarray, users: np.ndarray,
 
 class RankingEvaluator:
     """Scores ``examples[which]`` with a model (``predict(batch)`` -> logits) built by
-    ``builder``."""
+    ``builder``; ``equal_batches``: every rank's batch has ``batch_size`` examples (stand-ins
+    fill a short one; TorchRec's pooled sharded tables need equal batches)."""
 
     def __init__(self, builder: ExampleBuilder, examples: Dict[str, Examples],
-                 tasks: Sequence[str], batch_size: int) -> None:
+                 tasks: Sequence[str], batch_size: int, equal_batches: bool = False) -> None:
         self.builder, self.examples = builder, examples
         self.tasks, self.batch_size = list(tasks), int(batch_size)
+        self.equal_batches = equal_batches
 
     def share(self, which: str, rank: int, world: int, limit: Optional[int] = None,
               seed: int = 12345) -> List[np.ndarray]:
@@ -85,14 +93,17 @@ class RankingEvaluator:
         parts: List[tuple] = []
         try:
             for rows in batches:
-                stand_in = len(rows) == 0
-                batch = self.builder.build(ex.take(rows if not stand_in else np.array([0])), 1.0)
+                real = len(rows)
+                size = self.batch_size if self.equal_batches else max(real, 1)
+                take = np.concatenate([rows, np.zeros(size - real, dtype=np.int64)])
+                batch = self.builder.build(ex.take(take), 1.0)
                 logits = model.predict(batch.to(device))  # type: ignore[operator]
-                if not stand_in:
+                if real:
                     users = getattr(batch, "candidate_users", None)
                     users = users if users is not None else batch.users
-                    parts.append((torch.sigmoid(logits).double().cpu().numpy(),
-                                  batch.labels.numpy(), users.numpy()))
+                    keep = int(ex.num_candidates[rows].sum())  # the real rows come first
+                    parts.append((torch.sigmoid(logits[:keep]).double().cpu().numpy(),
+                                  batch.labels[:keep].numpy(), users[:keep].numpy()))
         finally:
             model.train(was)
         scores, labels, users = _gather(parts, len(self.tasks))

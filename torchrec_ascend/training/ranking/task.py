@@ -145,6 +145,9 @@ class RankingTask(Task):
         self.max_history = max(0, (cfg.model.max_seq_len - c - r.max_candidates) // per_token)
         self.examples = {w: data.examples(w, r.max_candidates, self.max_history)
                          for w in ("train", "valid", "test")}
+        # DLRM sees no sequence: one impression per example, the same rows on every rank
+        # (TorchRec's pooled sharded tables need equal batches across ranks)
+        self.impressions = {w: data.examples(w, 1, 0) for w in ("train", "valid", "test")}
         self._builders: Dict[str, ExampleBuilder] = {}
         self._evaluators: Dict[str, RankingEvaluator] = {}
 
@@ -154,10 +157,14 @@ class RankingTask(Task):
                                                   self.cfg.ranking.layout)
         return self._builders[kind]
 
+    def examples_of(self, kind: str) -> Dict[str, Any]:
+        return self.impressions if kind == "dlrm" else self.examples
+
     def evaluator(self, kind: str) -> RankingEvaluator:
         if kind not in self._evaluators:
-            self._evaluators[kind] = RankingEvaluator(self.builder(kind), self.examples,
-                                                      self.task_names, self.cfg.eval.batch_size)
+            self._evaluators[kind] = RankingEvaluator(
+                self.builder(kind), self.examples_of(kind), self.task_names,
+                self.cfg.eval.batch_size, equal_batches=kind == "dlrm")
         return self._evaluators[kind]
 
     @property
@@ -198,16 +205,17 @@ class RankingTask(Task):
             cost = HSTUCostModel.from_flops(m.num_layers, m.embedding_dim, m.num_heads,
                                             m.attention_dim, m.linear_dim, backward=True)
         share = RankShare(t.balance, cost, rank, world, t.batch_size, balance_group)
-        return RankingBatches(self.builder(kind), self.examples["train"], t.batch_size * world,
-                              t.seed, share, ahead=t.balance_ahead)
+        return RankingBatches(self.builder(kind), self.examples_of(kind)["train"],
+                              t.batch_size * world, t.seed, share, ahead=t.balance_ahead)
 
     def evaluate(self, model: nn.Module, which: str, share: Any,
                  device: torch.device) -> Dict[str, Any]:
         kind = "dlrm" if isinstance(model, DLRMRanker) else "hstu"
-        return self.evaluator(kind).evaluate(model, which, share, device)
+        return self.evaluator(kind).evaluate(model, which, share[kind], device)
 
     def eval_share(self, which: str, rank: int, world: int, limit: Optional[int] = None) -> Any:
-        return self.evaluator("hstu").share(which, rank, world, limit)
+        """Per model kind, this rank's batches of ``which`` (``limit``: that many examples)."""
+        return {k: self.evaluator(k).share(which, rank, world, limit) for k in ("hstu", "dlrm")}
 
     def data_summary(self) -> Dict[str, Any]:
         d = self.data
