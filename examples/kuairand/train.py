@@ -1,14 +1,17 @@
 #!/usr/bin/env python
-"""Train HSTU (and the SASRec baseline) on KuaiRand: a thin CLI over ``torchrec_ascend.training``.
+"""Train HSTU on KuaiRand -- retrieval (with the SASRec baseline) or the multi-task ranker (with
+TorchRec's DLRM baseline): a thin CLI over ``torchrec_ascend.training``.
 
     python examples/kuairand/train.py --config demo
     python examples/kuairand/train.py --config sample --models hstu,sasrec --epochs 20
     torchrun --nproc_per_node=2 examples/kuairand/train.py --config sample
 
-``--config`` is a name in ``examples/kuairand/configs/`` or a JSON / YAML path.  Data file paths
-may use ``{sample_dir}`` (``$KUAIRAND_SAMPLE_DIR``, default ``../shared/data/kuairand-27k-sample``
-from the repository) and ``{kuairand_dir}`` (``$KUAIRAND_DIR``, default ``data_cache/KuaiRand``);
-relative paths are relative to the repository.  Outputs under ``--out`` (default
+``--config`` is a name in ``examples/kuairand/configs/`` or a JSON / YAML path (``ranking_*``
+configs train the multi-task ranker, docs/ranking.md).  Data file paths may use
+``{sample_dir}`` (``$KUAIRAND_SAMPLE_DIR``, default ``../shared/data/kuairand-27k-sample`` from
+the repository), ``{pure_slice_dir}`` (``$KUAIRAND_PURE_SLICE_DIR``, default
+``../shared/data/kuairand-pure-slice``) and ``{kuairand_dir}`` (``$KUAIRAND_DIR``, default
+``data_cache/KuaiRand``: the official CSVs); relative paths are relative to the repository.  Outputs under ``--out`` (default
 ``outputs/kuairand-<config>``): ``results.json``, ``training.png``, ``<model>/log.jsonl``,
 ``tb/``, ``<model>/checkpoints/`` (``--resume`` continues exactly).  docs/kuairand.md.
 """
@@ -30,15 +33,18 @@ from torchrec_ascend.training.config import ExperimentConfig, load_config  # noq
 
 CONFIG_DIR = os.path.join(HERE, "configs")
 ENV_SAMPLE = "KUAIRAND_SAMPLE_DIR"
+ENV_PURE_SLICE = "KUAIRAND_PURE_SLICE_DIR"
 ENV_KUAIRAND = "KUAIRAND_DIR"
+SHARED = os.path.join(REPO, "..", "shared", "data")
 
 
 def resolve_path(p: str) -> str:
-    """Expand ``{sample_dir}`` / ``{kuairand_dir}``; relative paths are relative to the repo."""
-    sample = os.environ.get(ENV_SAMPLE, os.path.join(REPO, "..", "shared", "data",
-                                                     "kuairand-27k-sample"))
-    kuairand = os.environ.get(ENV_KUAIRAND, os.path.join(REPO, "data_cache", "KuaiRand"))
-    p = p.format(sample_dir=sample, kuairand_dir=kuairand)
+    """Expand ``{sample_dir}`` / ``{pure_slice_dir}`` / ``{kuairand_dir}``; relative paths are
+    relative to the repo."""
+    p = p.format(
+        sample_dir=os.environ.get(ENV_SAMPLE, os.path.join(SHARED, "kuairand-27k-sample")),
+        pure_slice_dir=os.environ.get(ENV_PURE_SLICE, os.path.join(SHARED, "kuairand-pure-slice")),
+        kuairand_dir=os.environ.get(ENV_KUAIRAND, os.path.join(REPO, "data_cache", "KuaiRand")))
     return p if os.path.isabs(p) else os.path.normpath(os.path.join(REPO, p))
 
 
@@ -46,6 +52,9 @@ def build_config(name: str, sets: List[str]) -> ExperimentConfig:
     cfg, _ = load_config(name, sets, [CONFIG_DIR])
     cfg.data.files = [resolve_path(f) for f in cfg.data.files]
     cfg.data.cache_dir = resolve_path(cfg.data.cache_dir)
+    for key in ("user_features", "item_features"):
+        if getattr(cfg.data, key):
+            setattr(cfg.data, key, resolve_path(getattr(cfg.data, key)))
     return cfg
 
 

@@ -46,19 +46,12 @@ def split_share(indices: np.ndarray, rank: int, world: int, batch_size: int
 def metrics_of(scores: np.ndarray, labels: np.ndarray, users: np.ndarray,
                tasks: Sequence[str]) -> Dict[str, Any]:
     """The evaluator's result (module docstring) from probabilities ``scores [N, tasks]``."""
-    out: Dict[str, Any] = {}
-    aucs, gaucs = [], []
-    for i, name in enumerate(tasks):
-        m = ranking_metrics(scores[:, i], labels[:, i], users)
-        out[name] = m
-        if labels[:, i].sum() < MEAN_MIN_POSITIVES:
-            continue
-        if m["auc"] is not None:
-            aucs.append(m["auc"])
-        if m["gauc"] is not None:
-            gaucs.append(m["gauc"])
-    out["mean_auc"] = float(np.mean(aucs)) if aucs else None
-    out["mean_gauc"] = float(np.mean(gaucs)) if gaucs else None
+    out: Dict[str, Any] = {name: ranking_metrics(scores[:, i], labels[:, i], users)
+                           for i, name in enumerate(tasks)}
+    frequent = [n for i, n in enumerate(tasks) if labels[:, i].sum() >= MEAN_MIN_POSITIVES]
+    for key in ("auc", "gauc"):
+        vals = [out[n][key] for n in (frequent or tasks) if out[n][key] is not None]
+        out[f"mean_{key}"] = float(np.mean(vals)) if vals else None
     return out
 
 
