@@ -6,8 +6,8 @@ on the same features, one row per candidate impression.
 
 Sparse features (one id each, pooled by an ``EmbeddingBagCollection``): the user, the item, the
 user's and the item's side features, and the impression's context known when it was served (no
-outcome: a candidate has none).  Dense features: each context code scaled to ``[0, 1]`` (plus a
-constant 1).  DLRM's over-arch ends in one logit per task; the loss is the ranker's (sum over
+outcome: a candidate has none).  Dense features: each context code scaled to ``[0, 1]``, the
+item statistics when the spec has them (as the HSTU ranker sees them), and a constant 1.  DLRM's over-arch ends in one logit per task; the loss is the ranker's (sum over
 tasks of ``weight x BCE``, summed over rows, scaled by ``batch.loss_scale``).  Everything a
 user sees of the sequence model's benefit is this model's gap to it (docs/ranking.md).
 """
@@ -33,7 +33,7 @@ def dlrm_features(spec: RankerSpec) -> List[str]:
     """The sparse features (and tables) of the DLRM baseline, in KJT order."""
     return (["user"] + [feature_key("user", f) for f in spec.user_features] + ["item"]
             + [feature_key("item", f) for f in spec.item_features]
-            + [feature_key("ctx", c) for c in spec.context if c not in spec.outcomes])
+            + [feature_key("ctx", c) for c in spec.served_context()])
 
 
 @dataclass
@@ -64,7 +64,7 @@ class DLRMRanker(nn.Module):
         super().__init__()
         tables = spec.tables()
         self.features = dlrm_features(spec)
-        self.dense_in = 1 + sum(1 for c in spec.context if c not in spec.outcomes)
+        self.dense_in = 1 + len(spec.served_context()) + spec.item_stats
         ebc = EmbeddingBagCollection(
             tables=[EmbeddingBagConfig(name=f, embedding_dim=embedding_dim,
                                        num_embeddings=max(int(tables[f][0]), 1),

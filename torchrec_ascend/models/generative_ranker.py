@@ -18,15 +18,19 @@ user features and candidates under the target-aware mask, scored for every task.
   (H = history length); ``"interleaved"`` puts it in a token of its own after the item (HSTU's
   and NVIDIA's interleaving; H = 2 x history length);
 * a learned *role* vector marks history items, candidates and action tokens;
-* the contextual tokens are the user's id embedding and the sum of the user's side features'.
+* the contextual tokens are the user's id embedding and the sum of the user's side features';
+* optional dense *item statistics* per item token (``RankerSpec.item_stats`` columns: what the
+  log knew of the item when it was served, :mod:`torchrec_ascend.training.ranking.item_stats`)
+  enter through a linear map, added to the item token.
 
 The fused HSTU kernel (:func:`torchrec_ascend.ops.hstu_mha`) runs causal attention with
 ``contextual_seq_len = C`` (every token sees the contextual ones) and ``num_targets = K`` (each
 candidate sees the history and itself only: no candidate's label -- nor its being a candidate
 next to others -- reaches another's score).  The task head reads, for each candidate, its HSTU
-output (layer-normed), its own input embedding, the user's and the user features' embeddings,
-and the pairwise dot products of these four (DLRM's interaction): an MLP maps them to one logit
-per task.  So the head sees what the DLRM baseline sees, plus the sequence.  The loss is the
+output (layer-normed) and DLRM's vectors -- one embedding per feature (the item, each item side
+feature, each context column, the user, each user side feature) and the projected item
+statistics -- with the pairwise dot products of all of them (DLRM's interaction): an MLP maps
+them to one logit per task.  So the head sees what the DLRM baseline sees, plus the sequence.  The loss is the
 sum over tasks of ``weight x BCE``, summed over candidates and scaled by ``batch.loss_scale``.
 
 **Tables** live in one TorchRec ``EmbeddingCollection`` (``model.ec``: sharded by the planner,
@@ -80,7 +84,8 @@ def split_key(key: str) -> Tuple[str, str]:
 class RankerSpec:
     """The tables of a ranking model: ``num_items``, ``num_users``, and ``{name: codes}`` of
     the user / item side features and of the impression context (``outcomes``: context columns
-    known after the impression only, history tokens)."""
+    known after the impression only, history tokens); ``item_stats``: dense statistics per item
+    token (0: none)."""
 
     num_items: int
     num_users: int
@@ -88,6 +93,7 @@ class RankerSpec:
     item_features: Dict[str, int] = field(default_factory=dict)
     context: Dict[str, int] = field(default_factory=dict)
     outcomes: Tuple[str, ...] = ()
+    item_stats: int = 0
 
     @property
     def contextual_tokens(self) -> int:
@@ -103,6 +109,16 @@ class RankerSpec:
             for name, rows in feats.items():
                 out[feature_key(prefix, name)] = (rows, [feature_key(prefix, name)])
         return out
+
+    def served_context(self) -> List[str]:
+        """The context columns known when an impression is served (not outcomes)."""
+        return [c for c in self.context if c not in self.outcomes]
+
+    def head_vectors(self) -> int:
+        """The vectors the task head interacts: the HSTU output, the item, its side features,
+        the served context, the user, its side features, and the item statistics."""
+        return (3 + len(self.item_features) + len(self.served_context())
+                + len(self.user_features) + (1 if self.item_stats else 0))
 
 
 def ranking_kjt_keys(spec: RankerSpec) -> Tuple[List[str], List[str]]:
@@ -122,6 +138,7 @@ class RankingBatch(FieldsBatch):
     ``offsets [B + 1]`` of the tokens (contextual included), ``num_targets [B]`` (candidates),
     ``timestamps [T]`` (seconds), ``item_pos [I]`` (token of each item token), ``item_role [I]``
     (0 history, 1 candidate), ``item_actions [I]`` (uint8 label bits; 0 for candidates),
+    ``item_stats [I, S]`` (the spec's dense item statistics; S = 0 without),
     ``action_pos [A]`` / ``action_item [A]`` (interleaved: the action tokens and the item token
     each belongs to; empty when summed), ``labels [Kc, tasks]`` (the candidates', in order),
     ``users [B]`` and ``candidate_users [Kc]`` (dense user index), ``loss_scale`` (1 / the
@@ -134,6 +151,7 @@ class RankingBatch(FieldsBatch):
     item_pos: torch.Tensor
     item_role: torch.Tensor
     item_actions: torch.Tensor
+    item_stats: torch.Tensor
     action_pos: torch.Tensor
     action_item: torch.Tensor
     labels: torch.Tensor
@@ -195,9 +213,9 @@ class RankerHead(nn.Module):
                                    num_time_buckets=cfg.num_time_buckets,
                                    contextual_seq_len=spec.contextual_tokens, l2_normalize=False)
         self.out_norm = nn.LayerNorm(d)
-        vectors = 4 if spec.user_features else 3
-        self.tasks = TaskHead(vectors * d + vectors * (vectors - 1) // 2, head_dims,
-                              len(task_weights), cfg.dropout)
+        self.stats_proj = nn.Linear(spec.item_stats, d) if spec.item_stats else None
+        v = spec.head_vectors()
+        self.tasks = TaskHead(v * d + v * (v - 1) // 2, head_dims, len(task_weights), cfg.dropout)
 
     def _values(self, lookups: Dict[str, object], key: str) -> torch.Tensor:
         return lookups[key].values()[:, :self.dim]  # type: ignore[attr-defined]
@@ -209,16 +227,22 @@ class RankerHead(nn.Module):
             out = out + self._values(lookups, k)
         return out
 
+    def _item_keys(self) -> List[str]:
+        spec = self.spec
+        return (["item"] + [feature_key("item", f) for f in spec.item_features]
+                + [feature_key("ctx", c) for c in spec.served_context()])
+
     def tokens(self, lookups: Dict[str, object], batch: RankingBatch
-               ) -> Tuple[torch.Tensor, torch.Tensor, List[torch.Tensor]]:
-        """``(x [T, D], item_x [I, D], [user [B, D], user features [B, D]])``: every token's
-        input, the item tokens' own embedding (item + side features + context, without action
-        or role), and the contextual tokens' inputs."""
+               ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """``(x [T, D], stats [I, D] or None)``: every token's input, and the item tokens'
+        projected statistics."""
         spec = self.spec
         item = self._values(lookups, "item")
-        item_x = item + self._sum(lookups, [feature_key("item", f) for f in spec.item_features]
-                                  + [feature_key("ctx", c) for c in spec.context
-                                     if c not in spec.outcomes], item)
+        item_x = self._sum(lookups, self._item_keys(), item)
+        stats = None
+        if self.stats_proj is not None:
+            stats = self.stats_proj(batch.item_stats.to(item.dtype))
+            item_x = item_x + stats
         outcome = self._sum(lookups, [feature_key("ctx", c) for c in spec.outcomes], item)
         action = self.action_proj(action_features(batch.item_actions).to(item.dtype)) + outcome
         x = item.new_zeros(batch.num_tokens, self.dim)
@@ -233,16 +257,14 @@ class RankerHead(nn.Module):
         starts = batch.offsets[:-1]
         user = self._values(lookups, "user")
         x = x.index_put((starts,), user)
-        context = [user]
         if spec.user_features:
             ufeat = self._sum(lookups, [feature_key("user", f) for f in spec.user_features], user)
             x = x.index_put((starts + 1,), ufeat)
-            context.append(ufeat)
-        return x, item_x, context
+        return x, stats
 
     def predict(self, lookups: Dict[str, object], batch: RankingBatch) -> torch.Tensor:
         """``[candidates, tasks]`` logits (fp32)."""
-        x, item_x, context = self.tokens(lookups, batch)
+        x, stats = self.tokens(lookups, batch)
         mixed = self.compute_dtype != torch.float32
         amp = (torch.autocast(x.device.type, dtype=self.compute_dtype) if mixed
                else contextlib.nullcontext())
@@ -251,8 +273,12 @@ class RankerHead(nn.Module):
         cand = batch.item_role == ROLE_CANDIDATE
         example = torch.repeat_interleave(torch.arange(batch.num_targets.numel(),
                                                        device=x.device), batch.num_targets)
-        vecs = [self.out_norm(h[batch.item_pos[cand]].float()), item_x[cand]]
-        vecs += [c[example] for c in context]
+        vecs = [self.out_norm(h[batch.item_pos[cand]].float())]
+        vecs += [self._values(lookups, k)[cand] for k in self._item_keys()]
+        vecs += [self._values(lookups, k)[example] for k in
+                 ["user"] + [feature_key("user", f) for f in self.spec.user_features]]
+        if stats is not None:
+            vecs.append(stats[cand])
         stacked = torch.stack(vecs, dim=1)  # [Kc, V, D]
         dots = torch.bmm(stacked, stacked.transpose(1, 2))
         i, j = torch.triu_indices(len(vecs), len(vecs), offset=1, device=x.device)
@@ -272,7 +298,7 @@ class RankerHead(nn.Module):
     def step_flops(self, batch: RankingBatch) -> float:
         """Forward + backward matmul FLOPs of one training step on this batch (the encoder, the
         interaction's dot products, the task MLP)."""
-        v = 4 if self.spec.user_features else 3
+        v = self.spec.head_vectors()
         dots = 2.0 * batch.num_candidates * v * v * self.dim
         return (float(self.encoder.flops(batch.offsets, backward=True))
                 + 3.0 * (self.tasks.flops(batch.num_candidates) + dots))

@@ -31,7 +31,9 @@ class RankingConfig:
     utc_offset_hours: where calendar days start (null: the data's -- KuaiRand's Beijing time,
     UTC+8; tables UTC).  head_dims: the task MLP's hidden widths.  dlrm_dense_dims /
     dlrm_over_dims: the DLRM baseline's dense and over arch hidden widths.  ctr_smoothing: the
-    no-history baseline's prior weight (pseudo-impressions) of a user's and a video's rate.
+    no-history baseline's and the item statistics' prior weight (pseudo-impressions) of a
+    user's and an item's rate.  item_stats: give both models each impression's item statistics
+    (its earlier impressions by every user: count and per-task rates, :mod:`.item_stats`).
     """
 
     tasks: List[str] = field(default_factory=list)
@@ -45,6 +47,7 @@ class RankingConfig:
     dlrm_dense_dims: List[int] = option(min=1, default_factory=lambda: [128])
     dlrm_over_dims: List[int] = option(min=1, default_factory=lambda: [256, 128])
     ctr_smoothing: float = option(10.0, gt=0, finite=True)
+    item_stats: bool = True
 
     def check(self, max_seq_len: int, key: Key = prefixed("ranking"),
               model_key: Key = prefixed("model")) -> None:

@@ -38,6 +38,7 @@ import numpy as np
 from ...datasets import DataError, EventLog
 from ...datasets.features import SideFeatures, encode_values
 from ...datasets.schema import ACTION_BITS, ACTION_COLUMNS
+from .item_stats import item_statistics
 
 __all__ = ["TRAIN", "VALID", "TEST", "PERIODS", "TaskSpec", "ContextColumn", "TimeSplit",
            "Examples", "RankingData", "kuairand_tasks", "KUAIRAND_CONTEXT", "KUAIRAND_OUTCOMES"]
@@ -227,6 +228,14 @@ class RankingData:
         hist_start = np.maximum(self.offsets[user], starts - max_history)
         return Examples(user.astype(np.int64), hist_start.astype(np.int64),
                         starts.astype(np.int64), ends.astype(np.int64))
+
+    def item_statistics(self, smoothing: float) -> np.ndarray:
+        """``[E, 1 + tasks]`` each impression's item statistics
+        (:func:`~.item_stats.item_statistics`; the prior: the training positive rates)."""
+        lab = self.labels(np.arange(self.num_events))
+        train = self.period == TRAIN
+        prior = lab[train].mean(axis=0) if train.any() else np.full(len(self.tasks), 0.5)
+        return item_statistics(self.items, self.times, lab, prior, smoothing)
 
     def task_counts(self, which: str) -> Dict[str, Tuple[int, int]]:
         """Per task, ``(positives, impressions)`` in split ``which``."""

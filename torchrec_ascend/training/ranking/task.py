@@ -138,6 +138,10 @@ class RankingTask(Task):
             if data.item_side is not None else {},
             context={c.name: c.cardinality for c in data.context},
             outcomes=tuple(c.name for c in data.context if c.outcome))
+        self.item_stats: Optional[np.ndarray] = None
+        if r.item_stats:
+            self.item_stats = data.item_statistics(r.ctr_smoothing)
+            self.spec.item_stats = self.item_stats.shape[1]
         self.task_names = [t.name for t in data.tasks]
         self.weights = [float(r.task_weights.get(n, 1.0)) for n in self.task_names]
         c = self.spec.contextual_tokens
@@ -154,7 +158,7 @@ class RankingTask(Task):
     def builder(self, kind: str) -> ExampleBuilder:
         if kind not in self._builders:
             self._builders[kind] = ExampleBuilder(self.data, self.spec, kind,
-                                                  self.cfg.ranking.layout)
+                                                  self.cfg.ranking.layout, self.item_stats)
         return self._builders[kind]
 
     def examples_of(self, kind: str) -> Dict[str, Any]:
