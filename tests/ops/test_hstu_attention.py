@@ -77,8 +77,9 @@ def _case(lengths, H=2, dqk=8, dv=6, max_seq_len=None, targets=False, c=0, pos=T
     args = dict(
         q=mk(T, H, dqk), k=mk(T, H, dqk), v=mk(T, H, dv), offsets=offsets,
         max_seq_len=max_seq_len, alpha=0.7,
-        num_targets=(torch.minimum(torch.randint(0, 4, (len(lengths),), generator=g),
-                                   (lengths - c).clamp(min=0)) if targets else None),
+        num_targets=(torch.tensor(targets, dtype=torch.int64) if isinstance(targets, list)
+                     else torch.minimum(torch.randint(0, 4, (len(lengths),), generator=g),
+                                        (lengths - c).clamp(min=0)) if targets else None),
         contextual_seq_len=c,
         pos_w=mk(2 * max_seq_len - 1) if pos else None,
         ts_w=mk(9) if time else None,
@@ -132,6 +133,9 @@ CASES = [
     (LENGTHS[3], 13, False, 0, "seq_len", False, False),
     # several 64-row tiles: diagonal tiles, contextual rows above the diagonal, targets
     ([150, 0, 1, 64, 65, 3], 150, True, 3, "max_len", True, True),
+    # the ranker's candidates: 0, 1 and every token a target, with and without contextual rows
+    ([6, 1, 0, 9, 4], 9, [0, 1, 0, 9, 1], 0, "max_len", True, True),
+    ([6, 3, 9, 2], 12, [0, 1, 7, 0], 2, "seq_len", True, True),
 ]
 
 
