@@ -36,7 +36,7 @@ from .embedding import (  # noqa: E402
     split_embedding_forward,
     split_embedding_lookup,
 )
-from .hstu import hstu_mha  # noqa: E402
+from .hstu import Normalization, hstu_mha  # noqa: E402
 from .jagged import (  # noqa: E402
     batched_dense_vec_jagged_2d_mul,
     dense_to_jagged,
@@ -134,7 +134,7 @@ __all__ = [
     "jagged_index_select",
     "jagged_slice",
     # HSTU attention
-    "hstu_mha",
+    "hstu_mha", "Normalization",
     # embedding lookups
     "split_embedding_forward",
     "split_embedding_lookup",
