@@ -11,8 +11,11 @@ an ML-1M ``ratings.dat`` (``user::item::1::seconds``) for Meta's reference HSTU
     # TiCoSeRec (KingGugu/TiCoSeRec data/Sports/): the item file and its timestamp file
     python tools/seqrec_to_ratings.py lines Sports_item_org_rank.txt \\
         --times Sports_time_org_rank.txt --csv sports.csv --ratings sports.dat
+    # MovieLens-100K (GroupLens ml-100k/u.data): "user item rating seconds" per line, any order
+    python tools/seqrec_to_ratings.py udata u.data --csv ml100k.csv --ratings ml100k.dat
 
-Timestamps.  With ``--times`` (same users, same line lengths as the item file; unix seconds)
+Timestamps.  ``udata`` files carry them (each user's events are put in time order, equal
+times in file order).  With ``--times`` (same users, same line lengths as the item file; unix seconds)
 each event keeps its time, except that a user's times are made strictly increasing by the
 smallest change, ``t'_k = max(t_k, t'_{k-1} + 1)``: these files have many events of one user
 at the same time (Amazon reviews carry a day), and a tie would let each side order them its
@@ -35,7 +38,7 @@ import os
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-FORMATS = ("pairs", "lines")
+FORMATS = ("pairs", "lines", "udata")
 
 Sequences = Dict[int, List[Tuple[int, int]]]  # user -> [(item, time)] in the file's order
 
@@ -64,6 +67,24 @@ def read_pairs(path: str) -> Sequences:
                 raise FormatError(f"{path}:{n}: expected 'user item', got {len(v)} fields")
             s = seqs.setdefault(v[0], [])
             s.append((v[1], len(s)))
+    return seqs
+
+
+def read_udata(path: str) -> Sequences:
+    """``user item rating seconds`` per line, whitespace-separated, in any order (MovieLens-100K's
+    ``u.data``); each user's events sorted by time, equal times in file order."""
+    seqs: Sequences = {}
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            v = _ints(path, n, line, "user, item, rating and time")
+            if len(v) != 4:
+                raise FormatError(f"{path}:{n}: expected 'user item rating time', got {len(v)} "
+                                  "fields")
+            seqs.setdefault(v[0], []).append((v[1], v[3]))
+    for s in seqs.values():
+        s.sort(key=lambda e: e[1])  # stable: equal times keep the file's order
     return seqs
 
 
@@ -164,7 +185,8 @@ def write_outputs(rows: Sequence[Tuple[int, int, int]], csv: Optional[str],
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("format", choices=FORMATS, help="pairs: 'user item' per line; lines: "
-                                                    "'user item item ...' per line")
+                                                    "'user item item ...' per line; udata: "
+                                                    "'user item rating seconds' per line")
     ap.add_argument("path", help="the file")
     ap.add_argument("--times", default=None, help="lines format: the matching timestamp file")
     ap.add_argument("--csv", default=None, help="user_id,item_id,timestamp CSV to write")
@@ -176,8 +198,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.min_len < 2:
         ap.error(f"--min-len must be >= 2, got {args.min_len}")
     try:
-        seqs = (read_pairs(args.path) if args.format == "pairs"
-                else read_lines(args.path, args.times))
+        seqs = {"pairs": read_pairs, "udata": read_udata}[args.format](args.path) \
+            if args.format != "lines" else read_lines(args.path, args.times)
         rows = normalise(seqs, args.min_len)
     except (FormatError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

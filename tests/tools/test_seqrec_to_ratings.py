@@ -42,6 +42,16 @@ def test_lines_with_times_ties_broken_in_file_order(tmp_path):
                     (2, 2, 100), (2, 1, 101), (2, 2, 102)]
 
 
+def test_udata_sorted_by_time_ties_in_file_order(tmp_path):
+    t = _tool()
+    # tab / space separated, users interleaved, user 5's events out of time order with a tie
+    path = _file(tmp_path, "u.data", "5\t30\t4\t900\n2 10 3 50\n5 10 1  100\n2\t20\t5\t40\n"
+                                     "5 20 2 100\n2 30 1 60\n")
+    rows = t.normalise(t.read_udata(path), min_len=3)
+    # user 2 -> 1: 20@40, 10@50, 30@60; user 5 -> 2: 10@100, 20@100 (file order) -> 101, 30@900
+    assert rows == [(1, 2, 40), (1, 1, 50), (1, 3, 60), (2, 1, 100), (2, 2, 101), (2, 3, 900)]
+
+
 def test_strictly_increasing_is_the_least_change():
     t = _tool()
     assert t.strictly_increasing([]) == []
@@ -72,6 +82,7 @@ def test_outputs_hold_the_same_events(tmp_path):
     ("lines", "1 2 3 4\n", "2 5 6 7\n", "t.txt:1: user 2 is not in"),
     ("lines", "1 2 3 4\n2 3 4 5\n", "1 5 6 7\n", "no times for 1 users"),
     ("pairs", "1 2\n1 3\n", None, "no user has 3 or more events"),
+    ("udata", "1 2 3\n", None, "v.txt:1: expected 'user item rating time', got 3 fields"),
 ])
 def test_bad_input_one_line_exit_2_no_output(tmp_path, capsys, fmt, text, times, message):
     t = _tool()
@@ -95,6 +106,7 @@ PUBLISHED = [
      (35598, 18357, 296337)),
     ("lines", "ticoserec_Yelp-B_Yelp_item.txt", "ticoserec_Yelp-B_Yelp_time.txt",
      (None, None, 207045)),
+    ("udata", "ml-100k_u.data", None, (943, 1682, 100000)),  # GroupLens' README
 ]
 
 
@@ -104,7 +116,8 @@ def test_real_files_match_published_counts(fmt, name, times, counts):
     if not os.path.isfile(path):
         pytest.skip(f"{path} not present (docs/datasets_public.md: how to fetch it)")
     t = _tool()
-    seqs = t.read_lines(path, os.path.join(RAW, times) if times else None)
+    seqs = (t.read_udata(path) if fmt == "udata"
+            else t.read_lines(path, os.path.join(RAW, times) if times else None))
     rows = t.normalise(seqs, min_len=3)
     s = t.summary(rows)
     for got, want in zip((s["users"], s["items"], s["events"]), counts):
