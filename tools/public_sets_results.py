@@ -124,12 +124,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--runs", help="the runs' root folder")
     ap.add_argument("--out", help="the JSON to write")
     ap.add_argument("--machine", default="")
+    ap.add_argument("--timing", nargs=2, action="append", default=[], metavar=("DATA", "FILE"),
+                    help="a timing.json of tools/reference_comparison.py time for DATA")
     ap.add_argument("--table", help="print the tables of a written JSON")
     args = ap.parse_args(argv)
     if args.table:
         with open(args.table) as f:
             doc = json.load(f)
         print("\n".join(acceptance_rows(doc)))
+        for data, t in doc.get("timing", {}).items():
+            print(f"\n### throughput, {data} (alternating runs)\n")
+            print("\n".join(tables({"groups": {}, "relative_to_compare_to": {},
+                                     "compare_to": "", "timing": t})[6:]))
         for key, c in doc["cells"].items():
             print(f"\n### {key}\n")
             print("\n".join(tables(c)))
@@ -143,7 +149,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             c = cell(args.runs, data, int(e), args.machine)
             if c is not None:
                 cells[f"{data}/e{e}"] = c
-    doc = {"what": __doc__.split("\n\n")[0], "machine": args.machine, "cells": cells}
+    timing = {}
+    for data, path in args.timing:
+        with open(path) as f:
+            timing[data] = json.load(f)
+    doc = {"what": __doc__.split("\n\n")[0], "machine": args.machine, "cells": cells,
+           "timing": timing}
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
