@@ -20,7 +20,8 @@ Three steps, each a subcommand:
 
 A run folder holds a ``results.json`` of our trainer (``models.hstu.valid`` / ``test``) or of
 ``tools/reference_hstu_cpu.py`` (``models.hstu.test`` only: the reference has no validation
-split).  Tokens/s of a whole run (:func:`run_tokens_per_s`): the reference's
+split); ``DIR@N`` reads a reference run at its epoch-``N`` evaluation (:func:`load_run`).
+Tokens/s of a whole run (:func:`run_tokens_per_s`): the reference's
 ``tokens_per_s_mean`` (training tokens / training seconds over every epoch), ours' logging
 windows (``hstu/log.jsonl``) weighted by their seconds (the sum of their steps' ``step_ms``).
 """
@@ -47,9 +48,45 @@ def _load(path: str) -> Dict[str, Any]:
         return json.load(f)
 
 
+def split_at(spec: str) -> Tuple[str, Optional[int]]:
+    """``DIR`` -> ``(DIR, None)``; ``DIR@N`` -> ``(DIR, N)``: a reference run read as if it had
+    run ``N`` epochs (its epoch-``N`` evaluation; the run is seeded and ``num_epochs`` only bounds
+    its loop, so its first ``N`` epochs are an ``N``-epoch run)."""
+    if "@" in spec:
+        d, n = spec.rsplit("@", 1)
+        if not n.isdigit() or int(n) < 1:
+            raise ValueError(f"{spec!r}: expected DIR@N with N >= 1")
+        return d, int(n)
+    return spec, None
+
+
+def load_run(spec: str) -> Dict[str, Any]:
+    """A run folder's results.json; for ``DIR@N`` (a ``tools/reference_hstu_cpu.py`` run) its
+    test metrics, tokens/s and epochs as of epoch ``N``."""
+    d, n = split_at(spec)
+    res = _load(os.path.join(d, "results.json"))
+    if n is None:
+        return res
+    h = res["models"]["hstu"]
+    evals = h.get("evals") or []
+    if "tokens_per_s_mean" not in h or len(evals) < n:
+        raise ValueError(f"{spec!r}: needs a reference run with >= {n} epoch evaluations "
+                         f"(has {len(evals)})")
+    first = evals[:n]
+    h["test"] = {m: first[-1][m] for m in METRICS}
+    h["tokens_per_s"] = first[-1]["tokens_per_s"]
+    h["tokens_per_s_mean"] = (sum(e["tokens_per_s"] * e["train_s"] for e in first)
+                              / sum(e["train_s"] for e in first))
+    h["evals"] = first
+    res["config_values"] = {"train": {"epochs": float(n)}}
+    res["epochs_done"] = n
+    return res
+
+
 def run_tokens_per_s(run_dir: str) -> float:
-    """Whole-run training tokens/s of one run folder (ours or the reference's)."""
-    res = _load(os.path.join(run_dir, "results.json"))["models"]["hstu"]
+    """Whole-run training tokens/s of one run folder (ours or the reference's; ``DIR@N``: the
+    reference's first ``N`` epochs)."""
+    res = load_run(run_dir)["models"]["hstu"]
     if "tokens_per_s_mean" in res:  # tools/reference_hstu_cpu.py
         return float(res["tokens_per_s_mean"])
     log = os.path.join(run_dir, "hstu", "log.jsonl")
@@ -94,11 +131,12 @@ def group_summary(command: str, dirs: Sequence[str]) -> Dict[str, Any]:
     """Per-seed metrics and tokens/s of one group of runs, and their means / standard errors."""
     runs = []
     for d in dirs:
-        res = _load(os.path.join(d, "results.json"))
+        res = load_run(d)
         h = res["models"]["hstu"]
         seed = res["seed"] if "seed" in res else res["config_values"]["train"]["seed"]  # ref / ours
         epochs = res["config_values"]["train"].get("epochs")
-        runs.append({"dir": os.path.basename(os.path.normpath(d)), "seed": seed, "epochs": epochs,
+        runs.append({"dir": os.path.basename(os.path.normpath(split_at(d)[0]))
+                     + (f"@{split_at(d)[1]}" if split_at(d)[1] else ""), "seed": seed, "epochs": epochs,
                      "test": {m: h["test"][m] for m in METRICS},
                      "valid": {m: h["valid"][m] for m in METRICS} if h.get("valid") else None,
                      "tokens_per_s": round(run_tokens_per_s(d), 1)})

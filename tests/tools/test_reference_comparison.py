@@ -127,3 +127,29 @@ def test_time_commands_alternates_order_and_takes_the_median_ratio(tmp_path):
 
     with pytest.raises(RuntimeError, match="exit status 3"):
         t.time_commands([("ref", "ref {out}")], 1, str(tmp_path), failing)
+
+
+def test_reference_run_read_at_an_earlier_epoch(tmp_path):
+    """``DIR@N``: the epoch-N evaluation, tokens/s over the first N epochs (weighted by their
+    training seconds), N epochs; fewer evaluations than N, or ours, is an error."""
+    t = _tool()
+    folder = tmp_path / "ref"
+    folder.mkdir()
+    evals = [{"epoch": k + 1, "tokens_per_s": tps, "train_s": s, **_metrics(v)}
+             for k, (tps, s, v) in enumerate([(100.0, 1.0, 0.1), (400.0, 3.0, 0.2),
+                                             (50.0, 10.0, 0.3)])]
+    res = {"seed": 42, "config_values": {"train": {"epochs": 3.0}},
+           "models": {"hstu": {"test": _metrics(0.3), "tokens_per_s": 50.0,
+                               "tokens_per_s_mean": 99.0, "evals": evals}}}
+    (folder / "results.json").write_text(json.dumps(res))
+    at2 = t.load_run(f"{folder}@2")
+    assert at2["models"]["hstu"]["test"] == _metrics(0.2)
+    assert at2["config_values"]["train"]["epochs"] == 2.0
+    assert t.run_tokens_per_s(f"{folder}@2") == pytest.approx((100.0 * 1 + 400.0 * 3) / 4)
+    g = t.group_summary("cmd", [f"{folder}@2"])
+    assert g["epochs"] == 2.0 and g["runs"][0]["dir"] == "ref@2"
+    assert g["test_mean"]["hr@10"] == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="needs a reference run with >= 4"):
+        t.load_run(f"{folder}@4")
+    with pytest.raises(ValueError, match="expected DIR@N"):
+        t.load_run(f"{folder}@0")
