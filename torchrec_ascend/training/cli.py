@@ -32,6 +32,9 @@ from ..distributed.train_pipeline import PeerFailureError
 from ..metrics import NonFiniteScoreError
 from .config import CONFIG_DIR, ConfigError, ExperimentConfig, load_config
 from .task import TASK_KINDS
+
+RANKING_PRESET = "ranking"
+"""The packaged config ``--task ranking`` starts from when no ``--config`` is given."""
 from .trainer import NonFiniteTrainingError
 
 __all__ = ["main", "add_common_arguments", "common_overrides", "run_cli", "CONFIG_DIR"]
@@ -131,7 +134,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="ranking: a CSV of item side features (data.item_features)")
     ap.add_argument("--config", default=None,
                     help=f"config name in {CONFIG_DIR} or a JSON / YAML path (default: the "
-                         "built-in defaults)")
+                         f"built-in defaults; with --task ranking the {RANKING_PRESET!r} config)")
     ap.add_argument("--out", required=True, help="output folder")
     add_common_arguments(ap)
     return ap
@@ -161,7 +164,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise ConfigError("--data", f"{path!r} is a folder: name the data files (CSV, "
                                             "TSV or Parquet) or a glob such as "
                                             f"'{os.path.join(path, '*.csv')}'")
-        cfg, _ = load_config(args.config, sets, [CONFIG_DIR], base=base)
+        preset = args.config or (RANKING_PRESET if args.task == "ranking" else None)
+        cfg, _ = load_config(preset, sets, [CONFIG_DIR], base=base)
         # the command line's data wins over a config file's
         cfg.data.files = list(args.data)
         return cfg

@@ -48,6 +48,11 @@ def test_table_with_a_label_column(tmp_path, table, capsys):
                "--steps", "12", "--set", "train.eval_every=6") == 0
     res = json.load(open(out / "results.json"))
     assert res["task"] == "ranking" and set(res["models"]) == {"hstu", "dlrm"}
+    # no --config: the packaged ranking preset, under the command line's overrides
+    assert res["config"] == "ranking"
+    cfg = json.load(open(out / "run.json"))["config"]
+    assert cfg["train"]["sparse_lr"] == 0.01 and cfg["eval"]["restore_best"] is True
+    assert cfg["ranking"]["max_candidates"] == 4 and cfg["train"]["batch_size"] == 16
     assert set(res["baselines"]) == {"ctr"}
     for entry in list(res["models"].values()) + list(res["baselines"].values()):
         for split in ("valid", "test"):

@@ -26,7 +26,9 @@ class RankingConfig:
     tasks: the label names to train and report (empty: every task of the data with both classes
     in the training days).  task_weights: ``{task: weight}`` of the loss (default 1).  layout:
     ``summed`` (a history impression's action added to its item token) or ``interleaved``
-    (a token of its own).  max_candidates: impressions per example window.  test_days /
+    (a token of its own).  max_candidates: impressions per example window (2: on the validation
+    days, 2 beat 1 and 16 on the shared Pure slice and 16 on the 27K sample, docs/ranking.md --
+    a window's later candidates see less of the user's recent past).  test_days /
     valid_days: the time split (the last days are the test, the ones before the validation).
     utc_offset_hours: where calendar days start (null: the data's -- KuaiRand's Beijing time,
     UTC+8; tables UTC).  head_dims: the task MLP's hidden widths.  dlrm_dense_dims /
@@ -39,7 +41,7 @@ class RankingConfig:
     tasks: List[str] = field(default_factory=list)
     task_weights: Dict[str, float] = field(default_factory=dict)
     layout: ActionLayout = "summed"
-    max_candidates: int = option(16, min=1)
+    max_candidates: int = option(2, min=1)
     test_days: int = option(1, min=1)
     valid_days: int = option(1, min=1)
     utc_offset_hours: Optional[float] = option(None, min=-14, below=15)
