@@ -97,6 +97,11 @@ class Task(abc.ABC):
         """This rank's share of evaluating ``which`` (``limit``: a fixed random subset of that
         many users / examples, for periodic validation)."""
 
+    def sparse_lr(self, kind: str, configured: float) -> float:
+        """The row-wise Adagrad learning rate of model ``kind``'s tables (``configured``:
+        ``train.sparse_lr``, the default)."""
+        return configured
+
     def metric(self, metrics: Dict[str, Any], name: str) -> float:
         """The value of ``eval.metric`` ``name`` in an evaluation's result (higher is better;
         ``<a>.<b>`` reads a nested value)."""

@@ -140,7 +140,8 @@ class Trainer:
         torch.manual_seed(t.seed)
         model = task.build_model(self.kind, self.compute_dtype)
         sparse = sparse_parameters(model)
-        apply_optimizer_in_backward(RowWiseAdagrad, sparse, {"lr": t.sparse_lr, "eps": 1e-8})
+        apply_optimizer_in_backward(RowWiseAdagrad, sparse,
+                                    {"lr": task.sparse_lr(self.kind, t.sparse_lr), "eps": 1e-8})
         sparse_ids = {id(p) for p in sparse}
         self.num_dense = sum(p.numel() for p in model.parameters() if id(p) not in sparse_ids)
         sharders = task.sharders()

@@ -127,3 +127,15 @@ def test_resume_equals_uninterrupted(tmp_path, reference):
                                                       str(tmp_path / "cache")))
     np.testing.assert_array_equal(resumed["losses"], reference[0]["losses"])
     assert resumed["test"]["is_click"]["auc"] == reference[0]["test"]["is_click"]["auc"]
+
+
+def test_each_model_trains_its_tables_at_its_sparse_lr(tmp_path):
+    env = init_distributed("cpu")
+    cfg = tiny_config(str(tmp_path / "cache"), sparse_lr=0.02)
+    cfg.ranking.dlrm_sparse_lr = 0.07
+    task = RankingTask(cfg, prepare_ranking(cfg))
+    for kind, lr in (("hstu", 0.02), ("dlrm", 0.07)):
+        trainer = Trainer(cfg, task, env, str(tmp_path / kind), kind, peak_flops=1e9,
+                          progress=False, console=Console(False))
+        lrs = [g["lr"] for g in trainer.dmp.fused_optimizer.param_groups]
+        assert lrs and lrs == pytest.approx([lr] * len(lrs)), kind

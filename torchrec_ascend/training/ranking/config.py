@@ -27,13 +27,15 @@ class RankingConfig:
     in the training days).  task_weights: ``{task: weight}`` of the loss (default 1).  layout:
     ``summed`` (a history impression's action added to its item token) or ``interleaved``
     (a token of its own).  max_candidates: impressions per example window (2: on the validation
-    days, 2 beat 1 and 16 on the shared Pure slice and 16 on the 27K sample, docs/ranking.md --
-    a window's later candidates see less of the user's recent past).  test_days /
+    days, 2 beat 1, 4 and 16 on the shared Pure slice and 16 on the 27K sample, docs/ranking.md
+    -- a window's later candidates see less of the user's recent past).  test_days /
     valid_days: the time split (the last days are the test, the ones before the validation).
     utc_offset_hours: where calendar days start (null: the data's -- KuaiRand's Beijing time,
     UTC+8; tables UTC).  head_dims: the task MLP's hidden widths.  dlrm_dense_dims /
-    dlrm_over_dims: the DLRM baseline's dense and over arch hidden widths.  ctr_smoothing: the
-    no-history baseline's and the item statistics' prior weight (pseudo-impressions) of a
+    dlrm_over_dims: the DLRM baseline's dense and over arch hidden widths; dlrm_sparse_lr: its
+    tables' row-wise Adagrad learning rate (``train.sparse_lr`` is the ranker's; 0.05 was DLRM's
+    best on the Pure slice's validation day, against 0.02 and 0.01, docs/ranking.md).
+    ctr_smoothing: the no-history baseline's and the item statistics' prior weight (pseudo-impressions) of a
     user's and an item's rate.  item_stats: give both models each impression's item statistics
     (its earlier impressions by every user: count and per-task rates, :mod:`.item_stats`).
     """
@@ -48,6 +50,7 @@ class RankingConfig:
     head_dims: List[int] = option(min=1, default_factory=lambda: [256])
     dlrm_dense_dims: List[int] = option(min=1, default_factory=lambda: [128])
     dlrm_over_dims: List[int] = option(min=1, default_factory=lambda: [256, 128])
+    dlrm_sparse_lr: float = option(0.05, gt=0, finite=True)
     ctr_smoothing: float = option(10.0, gt=0, finite=True)
     item_stats: bool = True
 

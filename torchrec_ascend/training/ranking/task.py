@@ -183,6 +183,10 @@ class RankingTask(Task):
         return GenerativeRanker(self.spec, m, self.weights, r.layout, r.head_dims,
                                 compute_dtype=compute_dtype)
 
+    def sparse_lr(self, kind: str, configured: float) -> float:
+        """DLRM's tables train at ``ranking.dlrm_sparse_lr`` (its own best on validation)."""
+        return self.cfg.ranking.dlrm_sparse_lr if kind == "dlrm" else configured
+
     def sharders(self) -> List[Any]:
         from torchrec.distributed.embedding import EmbeddingCollectionSharder
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
