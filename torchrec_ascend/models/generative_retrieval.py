@@ -93,12 +93,13 @@ def table_weights(model: nn.Module) -> Dict[str, object]:
     return out
 
 
-def init_item_table(model: nn.Module, num_items: int, dim: int, seed: int) -> None:
+def init_item_table(model: nn.Module, num_items: int, dim: int, seed: int,
+                    block_rows: int = 4096) -> None:
     """:func:`init_table` of the retrieval model's item table."""
     weights = table_weights(model)
     if TABLE not in weights:
         raise ValueError(f"model: no {TABLE} weight in its state dict")
-    init_table(weights[TABLE], num_items, dim, seed)
+    init_table(weights[TABLE], num_items, dim, seed, block_rows)
 
 
 def build_encoder(kind: str, cfg: ModelConfig) -> nn.Module:
