@@ -34,7 +34,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
-import importlib.util
+import json
 import os
 import statistics
 import sys
@@ -45,10 +45,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from benchmarks.common import print_table, write_json  # noqa: E402
+from benchmarks.common import (RESULTS_DIR, print_table, replace_doc_section,  # noqa: E402
+                               write_json)
 from benchmarks.op_cases import Case, our_backend, ours_context  # noqa: E402
 
 AREAS = ("sparse", "embedding", "jagged")
+RESULTS = os.path.join(RESULTS_DIR, "ops.json")
+DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "ops.md")
 BMM_TARGET = {"jagged_jagged_bmm": 0.2, "jagged_dense_bmm": 0.2}
 
 
@@ -113,15 +116,45 @@ def run_area(area: str, quick: bool, only: List[str]) -> List[Dict[str, object]]
     return rows
 
 
-def _update_doc_table() -> str:
+def markdown_table(path: str = RESULTS) -> Optional[str]:
+    """The measured table of a results file (benchmarks/results/ops.json; None if absent): the
+    ``benchmark`` section of docs/ops.md."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        doc = json.load(f)
+    m = doc.get("machine", {})
+    head = (f"Measured {m.get('time', '?')} on {m.get('cpu', '?')}, {doc.get('torch_threads')} "
+            f"torch threads, torch {m.get('torch', '?')}"
+            f"{' (--quick)' if doc.get('quick') else ''}; {doc.get('shape_note', '')}.")
+
+    def fmt(v, nd=None):
+        if v is None:
+            return "-"
+        if not isinstance(v, float):
+            return str(v)
+        return f"{v:.{nd}f}" if nd is not None else f"{v:.4g}"
+
+    lines = [head, "",
+             "| op | ours ms | baseline | baseline ms | ratio | target | met | backend | shapes |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        met = {True: "yes", False: "**no**", None: "-"}[r["meets_target"]]
+        base = r.get("baseline", "fbgemm")
+        base_ms = r.get("baseline_ms", r.get("fbgemm_ms"))
+        lines.append(f"| `{r['op']}` | {fmt(r['ours_ms'])} | {base} | {fmt(base_ms)} | "
+                     f"{fmt(r['ratio'], 2)} | {fmt(r['target'], 1)} | {met} | {r['backend']} | "
+                     f"{r['shapes']} |")
+    return "\n".join(lines)
+
+
+def update_doc_table(doc: str = DOC) -> str:
     """Rewrite the benchmark table of docs/ops.md from the JSON just written."""
-    spec = importlib.util.spec_from_file_location(
-        "gen_ops", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "docs", "gen_ops.py"))
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
-    gen.update_benchmark()
-    return f"updated the benchmark table of {gen.DOC}"
+    with open(doc) as f:
+        text = f.read()
+    with open(doc, "w") as f:
+        f.write(replace_doc_section(text, "benchmark", markdown_table()))
+    return f"updated the benchmark table of {doc}"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -168,7 +201,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     })
     print(f"wrote {path}")
     if name == "ops":
-        print(_update_doc_table())
+        print(update_doc_table())
     return 0
 
 

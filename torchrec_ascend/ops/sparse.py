@@ -316,8 +316,9 @@ def bounds_check_indices(
     (``len(offsets) = T * B + 1``) or ``B_offsets [T + 1]`` (int32) bags per table (variable
     batch).  ``-1`` ids (pruned rows) are always accepted.  Modes (:class:`BoundsCheckMode`):
 
-    * ``FATAL``: ``ValueError`` on the first bad offset or id; nothing is modified (this entry
-      point runs the torch-composite check first, so the error is the same on every backend).
+    * ``FATAL``: ``ValueError`` on the first bad offset or id; nothing is modified (the same
+      error on every backend: where fbgemm's kernel serves the op, the registry words its error
+      as ours).
     * ``WARNING``: MUTATES ``offsets`` (last set to ``len(indices)``, then
       ``cummax(clamp(offsets, 0, len(indices)))``) and ``indices`` (out-of-range ids set to 0),
       and writes the number of fixes into ``warning[0]`` (reset first).
@@ -352,11 +353,6 @@ def bounds_check_indices(
                          f"T={t_count} tables")
     if weights is not None and weights.numel() and weights.shape[0] != indices.numel():
         raise ValueError(f"weights: {weights.shape[0]} entries but {indices.numel()} indices")
-    if mode in (BoundsCheckMode.FATAL, BoundsCheckMode.V2_FATAL):
-        # FATAL modifies nothing: run the torch-composite check first so that a violation is a
-        # ValueError naming the offset or id, whichever backend runs the op
-        ref.bounds_check_indices(rows_per_table, indices, offsets, mode, warning, weights,
-                                 B_offsets)
     _ops.bounds_check_indices(rows_per_table, indices, offsets, mode, warning, weights, B_offsets,
                               max_B, b_t_map, info_B_num_bits, info_B_mask, bounds_check_version,
                               prefetch_pipeline)
