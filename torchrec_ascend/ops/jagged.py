@@ -183,31 +183,34 @@ def stacked_jagged_2d_to_dense(
                                            int(padding_value))
 
 
+def _jagged_dense(op: str, x_values: torch.Tensor, x_offsets: OffsetsLike, y: torch.Tensor,
+                  validate: bool):
+    """The elementwise ops of a jagged x and a dense y: check both, call ``op``."""
+    offs = _jagged_input("x_values", x_values, "x_offsets", x_offsets, validate)
+    _check_dense("y", y, x_values, offs)
+    return getattr(_ops, op)(x_values, offs, y)
+
+
 def jagged_dense_elementwise_add(x_values: torch.Tensor, x_offsets: OffsetsLike, y: torch.Tensor,
                                  validate: bool = True) -> torch.Tensor:
     """Dense ``y [B, N_0, ..., *inner]`` plus the jagged x padded with zeros (x truncated to y's
     shape).  ``x_offsets``: a tensor or a list of ``J`` (any number of jagged dimensions)."""
-    offs = _jagged_input("x_values", x_values, "x_offsets", x_offsets, validate)
-    _check_dense("y", y, x_values, offs)
-    return _ops.jagged_dense_elementwise_add(x_values, offs, y)
+    return _jagged_dense("jagged_dense_elementwise_add", x_values, x_offsets, y, validate)
 
 
 def jagged_dense_elementwise_add_jagged_output(
     x_values: torch.Tensor, x_offsets: OffsetsLike, y: torch.Tensor, validate: bool = True,
 ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
     """Jagged ``x + y`` at x's positions (y counts as 0 past its shape): ``(values, offsets)``."""
-    offs = _jagged_input("x_values", x_values, "x_offsets", x_offsets, validate)
-    _check_dense("y", y, x_values, offs)
-    return _ops.jagged_dense_elementwise_add_jagged_output(x_values, offs, y)
+    return _jagged_dense("jagged_dense_elementwise_add_jagged_output", x_values, x_offsets, y,
+                         validate)
 
 
 def jagged_dense_elementwise_mul(
     x_values: torch.Tensor, x_offsets: OffsetsLike, y: torch.Tensor, validate: bool = True,
 ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
     """Jagged ``x * y`` at x's positions (0 past y's shape): ``(values, offsets)``."""
-    offs = _jagged_input("x_values", x_values, "x_offsets", x_offsets, validate)
-    _check_dense("y", y, x_values, offs)
-    return _ops.jagged_dense_elementwise_mul(x_values, offs, y)
+    return _jagged_dense("jagged_dense_elementwise_mul", x_values, x_offsets, y, validate)
 
 
 def jagged_dense_dense_elementwise_add_jagged_output(

@@ -90,16 +90,24 @@ def _check_sum(name: str, given: Optional[int], actual: torch.Tensor, validate: 
         raise ValueError(f"{name}: is {given} but the selected lengths sum to {int(actual.sum())}")
 
 
-def permute_2D_sparse_data(
-    permute: torch.Tensor,
-    lengths: torch.Tensor,
-    values: torch.Tensor,
-    weights: Optional[torch.Tensor] = None,
-    permuted_lengths_sum: Optional[int] = None,
-    validate: bool = True,
-) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """Reorder the features (rows) of ``lengths [T_in, B]``: output feature ``t`` is input
-    feature ``permute[t]`` (a subset and repeats are allowed), with its values and weights.
+def _permute_entry(name: str, lengths_dim: int, doc: str):
+    op = getattr(_ops, name)
+
+    def entry(permute: torch.Tensor, lengths: torch.Tensor, values: torch.Tensor,
+              weights: Optional[torch.Tensor] = None, permuted_lengths_sum: Optional[int] = None,
+              validate: bool = True) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        _check_permute_args(permute, lengths, values, weights, permuted_lengths_sum, validate,
+                            lengths_dim)
+        return op(permute, lengths, values, weights, permuted_lengths_sum)
+
+    entry.__name__ = entry.__qualname__ = name
+    entry.__doc__ = doc
+    return entry
+
+
+permute_2D_sparse_data = _permute_entry("permute_2D_sparse_data", 2, """Reorder the features (rows)
+    of ``lengths [T_in, B]``: output feature ``t`` is input feature ``permute[t]`` (a subset and
+    repeats are allowed), with its values and weights.
 
     Args:
         permute: ``[T]`` int32 feature order (fbgemm reads it as int32).
@@ -112,24 +120,11 @@ def permute_2D_sparse_data(
     Returns ``(permuted_lengths [T, B], permuted_values, permuted_weights or None)``.
     Differentiable w.r.t. ``values`` and ``weights`` (gradients are scattered back, so repeated
     features accumulate).
-    """
-    _check_permute_args(permute, lengths, values, weights, permuted_lengths_sum, validate, 2)
-    return _ops.permute_2D_sparse_data(permute, lengths, values, weights, permuted_lengths_sum)
-
-
-def permute_1D_sparse_data(
-    permute: torch.Tensor,
-    lengths: torch.Tensor,
-    values: torch.Tensor,
-    weights: Optional[torch.Tensor] = None,
-    permuted_lengths_sum: Optional[int] = None,
-    validate: bool = True,
-) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """Reorder the segments of 1-D ``lengths [N]`` by ``permute [M]`` (int32): output segment
-    ``i`` is input segment ``permute[i]``.  Same arguments and gradients as
-    :func:`permute_2D_sparse_data`, with one length per segment."""
-    _check_permute_args(permute, lengths, values, weights, permuted_lengths_sum, validate, 1)
-    return _ops.permute_1D_sparse_data(permute, lengths, values, weights, permuted_lengths_sum)
+    """)
+permute_1D_sparse_data = _permute_entry("permute_1D_sparse_data", 1, """Reorder the segments of
+    1-D ``lengths [N]`` by ``permute [M]`` (int32): output segment ``i`` is input segment
+    ``permute[i]``.  Same arguments and gradients as :func:`permute_2D_sparse_data`, with one
+    length per segment.""")
 
 
 def _check_permute_args(permute, lengths, values, weights, permuted_lengths_sum, validate, ldim):

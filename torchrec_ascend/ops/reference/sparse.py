@@ -87,17 +87,13 @@ def permute_2D_sparse_data(
     return out_lengths, values.index_select(0, src), _gather_opt(weights, src)
 
 
-def permute_1D_sparse_data(
-    permute: torch.Tensor,
-    lengths: torch.Tensor,
-    values: torch.Tensor,
-    weights: Optional[torch.Tensor] = None,
-    permuted_lengths_sum: Optional[int] = None,
-) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+def permute_1D_sparse_data(permute, lengths, values, weights=None, permuted_lengths_sum=None):
     """Reorder the segments of ``lengths`` (any shape, read flat, as fbgemm) by ``permute``
-    (values/weights follow); the permuted lengths are 1-D."""
-    permuted_lengths, src = permuted_sources(permute, lengths.reshape(-1, 1), permuted_lengths_sum)
-    return permuted_lengths.reshape(-1), values.index_select(0, src), _gather_opt(weights, src)
+    (values/weights follow); the permuted lengths are 1-D.  Arguments and result as
+    :func:`permute_2D_sparse_data`, with one length per segment."""
+    out = permute_2D_sparse_data(permute, lengths.reshape(-1, 1), values, weights,
+                                 permuted_lengths_sum)
+    return (out[0].reshape(-1),) + out[1:]
 
 
 def invert_permute(permute: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,7 @@ Observer = Callable[[str, str, str], None]
 """``observer(op, device, backend)``: called for every call a Python kernel of the registry
 serves (not for the csrc direct kernels, which run without Python)."""
 
+
 class RegistryState:
     """Everything the registry knows and has changed (see the module docstring)."""
 
