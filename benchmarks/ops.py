@@ -92,28 +92,33 @@ def run_area(area: str, quick: bool, only: List[str]) -> List[Dict[str, object]]
     mod = importlib.import_module(f"benchmarks.op_cases.{area}")
     rows = []
     budget = 0.3 if quick else 1.5
-    for c in mod.cases(quick):
-        if only and not any(s in c.op for s in only):
-            continue
-        backend = our_backend(c.op)
-        with torch.no_grad(), ours_context():
-            ours_ms, base_ms = paired_medians(c.ours, c.baseline, budget,
-                                              min_rounds=2 if quick else 3)
-        ratio = ours_ms / base_ms if base_ms else None
-        target = target_of(c)
-        rows.append({
-            "op": c.op, "ours_ms": round(ours_ms, 4),
-            "baseline": c.baseline_name, "baseline_ms": round(base_ms, 4),
-            "fbgemm_ms": round(base_ms, 4) if c.baseline_name == "fbgemm" else None,
-            "ratio": None if ratio is None else round(ratio, 3),
-            "target": target,
-            "meets_target": None if ratio is None else ratio <= target,
-            "backend": backend, "area": area, "shapes": c.shapes,
-        })
-        print(f"  {c.op:<62} ours {ours_ms:9.3f} ms  {c.baseline_name} {base_ms:9.3f} ms  "
-              f"[{backend}]", flush=True)
+    # entered once per area: entering and leaving use_backend rewrites the dispatcher's tables
+    with torch.no_grad(), ours_context():
+        for c in mod.cases(quick):
+            if only and not any(s in c.op for s in only):
+                continue
+            rows.append(_row(area, c, our_backend(c.op), *paired_medians(
+                c.ours, c.baseline, budget, min_rounds=2 if quick else 3)))
     gc.collect()
     return rows
+
+
+def _row(area: str, c: Case, backend: str, ours_ms: float, base_ms: Optional[float]
+         ) -> Dict[str, object]:
+    """One row of the table (printed as it is made)."""
+    ratio = ours_ms / base_ms if base_ms else None
+    target = target_of(c)
+    print(f"  {c.op:<62} ours {ours_ms:9.3f} ms  {c.baseline_name} {base_ms:9.3f} ms  "
+          f"[{backend}]", flush=True)
+    return {
+        "op": c.op, "ours_ms": round(ours_ms, 4),
+        "baseline": c.baseline_name, "baseline_ms": round(base_ms, 4),
+        "fbgemm_ms": round(base_ms, 4) if c.baseline_name == "fbgemm" else None,
+        "ratio": None if ratio is None else round(ratio, 3),
+        "target": target,
+        "meets_target": None if ratio is None else ratio <= target,
+        "backend": backend, "area": area, "shapes": c.shapes,
+    }
 
 
 def markdown_table(path: str = RESULTS) -> Optional[str]:

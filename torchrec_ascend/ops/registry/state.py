@@ -11,6 +11,7 @@ or dropped, fbgemm's CPU kernels replaced or given back) only when the choice ch
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -180,8 +181,10 @@ class RegistryState:
                         and self.choose(name, "cpu")[0] == "cpu_kernel")
             except (ValueError, RuntimeError):  # the Python kernel raises it at call time
                 want = False
-            if want and name not in self._direct:  # csrc/direct.h: the csrc function becomes
-                # the CPU kernel (on top of the Python one), plus its AutogradCPU kernel
+            if want and name not in self._direct and not sys.is_finalizing():
+                # csrc/direct.h: the csrc function becomes the CPU kernel (on top of the Python
+                # one), plus its AutogradCPU kernel (not while the interpreter shuts down: a
+                # use_backend block left open until then exits after our libraries are gone)
                 self._direct[name] = env.extension.register_direct(name, d.direct_grad)
             elif not want:
                 self._direct.pop(name, None)  # the handle's destructor deregisters them
