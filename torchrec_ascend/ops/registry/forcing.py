@@ -31,6 +31,10 @@ def use_backend(
         replace_fbgemm: also override fbgemm's own CPU kernels of these ops with ours, so code
             that calls ``torch.ops.fbgemm.<op>`` directly (TorchRec) runs our implementation.
             Only with a non-fbgemm backend.
+
+    Entering and leaving the block rewrites the dispatcher's tables where the choice changes
+    (csrc direct kernels registered or dropped, fbgemm's CPU kernels replaced or given back):
+    put it around a workload, not around each call, and not while another thread runs the ops.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: must be one of {', '.join(BACKENDS)}")
