@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
 import time
 from typing import Callable, Dict, List, Optional, Sequence
@@ -107,3 +108,18 @@ def heavy_tailed_lengths(batch: int, max_len: int, mean_frac: float = 0.25,
     if batch:
         lengths[int(torch.randint(batch, (1,), generator=g))] = max_len
     return lengths
+
+
+def doc_section(text: str, name: str) -> Optional[str]:
+    """The body of the generated section ``<!-- BEGIN name -->`` ... ``<!-- END name -->`` of a
+    markdown text (None without one)."""
+    m = re.search(rf"<!-- BEGIN {name} -->\n(.*?)<!-- END {name} -->", text, re.S)
+    return m.group(1).strip() if m else None
+
+
+def replace_doc_section(text: str, name: str, body: str) -> str:
+    """``text`` with the body of its generated section ``name`` replaced by ``body``."""
+    pattern = rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)"
+    if not re.search(pattern, text, re.S):
+        raise ValueError(f"no '<!-- BEGIN {name} -->' ... '<!-- END {name} -->' section")
+    return re.sub(pattern, lambda m: m.group(1) + body + "\n" + m.group(2), text, flags=re.S)

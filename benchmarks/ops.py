@@ -34,7 +34,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
-import importlib.util
+import json
 import os
 import statistics
 import sys
@@ -45,10 +45,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from benchmarks.common import print_table, write_json  # noqa: E402
+from benchmarks.common import (RESULTS_DIR, print_table, replace_doc_section,  # noqa: E402
+                               write_json)
 from benchmarks.op_cases import Case, our_backend, ours_context  # noqa: E402
 
 AREAS = ("sparse", "embedding", "jagged")
+RESULTS = os.path.join(RESULTS_DIR, "ops.json")
+DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "ops.md")
 BMM_TARGET = {"jagged_jagged_bmm": 0.2, "jagged_dense_bmm": 0.2}
 
 
@@ -89,39 +92,74 @@ def run_area(area: str, quick: bool, only: List[str]) -> List[Dict[str, object]]
     mod = importlib.import_module(f"benchmarks.op_cases.{area}")
     rows = []
     budget = 0.3 if quick else 1.5
-    for c in mod.cases(quick):
-        if only and not any(s in c.op for s in only):
-            continue
-        backend = our_backend(c.op)
-        with torch.no_grad(), ours_context():
-            ours_ms, base_ms = paired_medians(c.ours, c.baseline, budget,
-                                              min_rounds=2 if quick else 3)
-        ratio = ours_ms / base_ms if base_ms else None
-        target = target_of(c)
-        rows.append({
-            "op": c.op, "ours_ms": round(ours_ms, 4),
-            "baseline": c.baseline_name, "baseline_ms": round(base_ms, 4),
-            "fbgemm_ms": round(base_ms, 4) if c.baseline_name == "fbgemm" else None,
-            "ratio": None if ratio is None else round(ratio, 3),
-            "target": target,
-            "meets_target": None if ratio is None else ratio <= target,
-            "backend": backend, "area": area, "shapes": c.shapes,
-        })
-        print(f"  {c.op:<62} ours {ours_ms:9.3f} ms  {c.baseline_name} {base_ms:9.3f} ms  "
-              f"[{backend}]", flush=True)
+    # entered once per area: entering and leaving use_backend rewrites the dispatcher's tables
+    with torch.no_grad(), ours_context():
+        for c in mod.cases(quick):
+            if only and not any(s in c.op for s in only):
+                continue
+            rows.append(_row(area, c, our_backend(c.op), *paired_medians(
+                c.ours, c.baseline, budget, min_rounds=2 if quick else 3)))
     gc.collect()
     return rows
 
 
-def _update_doc_table() -> str:
+def _row(area: str, c: Case, backend: str, ours_ms: float, base_ms: Optional[float]
+         ) -> Dict[str, object]:
+    """One row of the table (printed as it is made)."""
+    ratio = ours_ms / base_ms if base_ms else None
+    target = target_of(c)
+    print(f"  {c.op:<62} ours {ours_ms:9.3f} ms  {c.baseline_name} {base_ms:9.3f} ms  "
+          f"[{backend}]", flush=True)
+    return {
+        "op": c.op, "ours_ms": round(ours_ms, 4),
+        "baseline": c.baseline_name, "baseline_ms": round(base_ms, 4),
+        "fbgemm_ms": round(base_ms, 4) if c.baseline_name == "fbgemm" else None,
+        "ratio": None if ratio is None else round(ratio, 3),
+        "target": target,
+        "meets_target": None if ratio is None else ratio <= target,
+        "backend": backend, "area": area, "shapes": c.shapes,
+    }
+
+
+def markdown_table(path: str = RESULTS) -> Optional[str]:
+    """The measured table of a results file (benchmarks/results/ops.json; None if absent): the
+    ``benchmark`` section of docs/ops.md."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        doc = json.load(f)
+    m = doc.get("machine", {})
+    head = (f"Measured {m.get('time', '?')} on {m.get('cpu', '?')}, {doc.get('torch_threads')} "
+            f"torch threads, torch {m.get('torch', '?')}"
+            f"{' (--quick)' if doc.get('quick') else ''}; {doc.get('shape_note', '')}.")
+
+    def fmt(v, nd=None):
+        if v is None:
+            return "-"
+        if not isinstance(v, float):
+            return str(v)
+        return f"{v:.{nd}f}" if nd is not None else f"{v:.4g}"
+
+    lines = [head, "",
+             "| op | ours ms | baseline | baseline ms | ratio | target | met | backend | shapes |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        met = {True: "yes", False: "**no**", None: "-"}[r["meets_target"]]
+        base = r.get("baseline", "fbgemm")
+        base_ms = r.get("baseline_ms", r.get("fbgemm_ms"))
+        lines.append(f"| `{r['op']}` | {fmt(r['ours_ms'])} | {base} | {fmt(base_ms)} | "
+                     f"{fmt(r['ratio'], 2)} | {fmt(r['target'], 1)} | {met} | {r['backend']} | "
+                     f"{r['shapes']} |")
+    return "\n".join(lines)
+
+
+def update_doc_table(doc: str = DOC) -> str:
     """Rewrite the benchmark table of docs/ops.md from the JSON just written."""
-    spec = importlib.util.spec_from_file_location(
-        "gen_ops", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "docs", "gen_ops.py"))
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
-    gen.update_benchmark()
-    return f"updated the benchmark table of {gen.DOC}"
+    with open(doc) as f:
+        text = f.read()
+    with open(doc, "w") as f:
+        f.write(replace_doc_section(text, "benchmark", markdown_table()))
+    return f"updated the benchmark table of {doc}"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -168,7 +206,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     })
     print(f"wrote {path}")
     if name == "ops":
-        print(_update_doc_table())
+        print(update_doc_table())
     return 0
 
 

@@ -41,9 +41,9 @@ REPO = os.path.dirname(HERE)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.common import RESULTS_DIR, print_table, write_json  # noqa: E402
+from benchmarks.common import (RESULTS_DIR, doc_section, print_table,  # noqa: E402
+                               replace_doc_section, write_json)
 from benchmarks.train_breakdown import OffsetsRecorder, StageTimes, breakdown  # noqa: E402
-from docs.gen_ops import _replace, _section  # noqa: E402
 from torchrec_ascend.datasets import Sequences, peak_rss_mb  # noqa: E402
 from torchrec_ascend.datasets.schema import ACTION_BITS  # noqa: E402
 from torchrec_ascend.datasets.synthetic import SyntheticConfig, chain_sequences  # noqa: E402
@@ -278,7 +278,7 @@ def load_results() -> Dict[str, Dict[str, Any]]:
 def documented(path: str = DOC) -> Any:
     """docs/kuairand.md's ``scale`` section as it is now (None without one)."""
     with open(path) as f:
-        return _section(f.read(), "scale")
+        return doc_section(f.read(), "scale")
 
 
 def update_doc(path: str = DOC) -> None:
@@ -286,7 +286,7 @@ def update_doc(path: str = DOC) -> None:
     with open(path) as f:
         text = f.read()
     with open(path, "w") as f:
-        f.write(_replace(text, "scale", markdown(load_results())))
+        f.write(replace_doc_section(text, "scale", markdown(load_results())))
 
 
 def main() -> None:

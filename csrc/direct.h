@@ -1,16 +1,10 @@
 // Direct dispatcher kernels: a csrc function registered as the CPU kernel of
 // torchrec_ascend::<op> itself, so that a call costs one dispatcher hop instead of the Python
-// path (Python kernel -> registry.run -> choose -> pybind).  ops/registry.py stays the one place
-// that decides which backend runs:
-//
-//   * it installs an op's direct kernel (`_direct_install`) instead of its Python CPU kernel, and
-//     hands over that Python kernel as the fallback;
-//   * after every change of the forcing state (use_backend enter/exit) it tells each op whether
-//     its registry choice on CPU is the csrc kernel (`_direct_set_python(name, false)`) or not;
-//   * the direct kernel runs the csrc function only when the registry said so and
-//     $TORCHREC_ASCEND_BACKEND is unset (the variable is read by the registry at call time, so a
-//     set variable always takes the Python path, which honours it); otherwise it calls the
-//     Python fallback with the same arguments.
+// path (Python kernel -> registry -> pybind).  The registry (torchrec_ascend/ops/registry/) decides
+// when: while an op's CPU choice is the csrc kernel it holds the handle `register_direct` returns;
+// when the choice changes it drops the handle, and the torch::Library destructors take the
+// kernels out of the dispatcher's table again (the registry's Python CPU kernel, registered
+// underneath, serves the op then).  Nothing here reads the environment or keeps a per-call flag.
 //
 // Ops with an autograd formula also get an AutogradCPU kernel: without a gradient to record (grad
 // mode off, or no input requires grad) it redispatches below autograd in C++; otherwise it calls
@@ -20,11 +14,10 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
 #include <torch/extension.h>
 #include <torch/library.h>
 
-#include <atomic>
-#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,18 +25,6 @@
 #include <vector>
 
 namespace torchrec_ascend::direct {
-
-// Per-op routing state.  Leaked on purpose: it outlives the interpreter and the dispatcher.
-struct Route {
-  std::atomic<bool> python{true};     // registry choice on CPU is not the csrc kernel
-  PyObject* fallback = nullptr;       // the registry's Python CPU kernel (new reference)
-  PyObject* grad_fallback = nullptr;  // Python autograd implementation (new reference) or null
-};
-
-inline bool env_forced() {
-  const char* e = std::getenv("TORCHREC_ASCEND_BACKEND");
-  return e != nullptr && e[0] != '\0';
-}
 
 inline bool requires_grad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
 inline bool requires_grad(const std::optional<at::Tensor>& t) {
@@ -54,127 +35,107 @@ inline bool requires_grad(const T&) {
   return false;
 }
 
+// The kernels of one op, in the dispatcher while this object lives (held by the registry).
+// Hidden like pybind11's own types: it is bound to Python and holds a pybind11::object.
+struct __attribute__((visibility("hidden"))) Registration {
+  explicit Registration(pybind11::object grad) : grad(std::move(grad)) {}
+  pybind11::object grad;                             // Python autograd implementation, or None
+  std::vector<std::unique_ptr<torch::Library>> libs;  // destroyed first: they use `grad`
+  ~Registration() { libs.clear(); }
+};
+
+// Drops the dispatcher's one-time "Overriding a previously registered kernel" warning while a
+// direct kernel goes on top of the registry's Python CPU kernel (the override is the design).
+class QuietOverride : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& w) override {
+    if (w.msg().find("Overriding a previously registered kernel") == std::string::npos) {
+      previous_->process(w);
+    }
+  }
+  c10::WarningHandler* previous_ = c10::WarningUtils::get_warning_handler();
+};
+
 template <class Ret, class... Args>
 Ret call_python(PyObject* fn, Args&&... args) {
   pybind11::gil_scoped_acquire gil;
-  TORCH_CHECK(fn != nullptr, "torchrec_ascend: direct kernel has no Python fallback installed");
   pybind11::object out = pybind11::reinterpret_borrow<pybind11::object>(fn)(
       std::forward<Args>(args)...);
-  if constexpr (!std::is_void_v<Ret>) return out.cast<Ret>();
+  if constexpr (!std::is_void_v<Ret>) return out.template cast<Ret>();
 }
 
-// Tag tells apart ops served by one csrc function (the three pooled-embedding permutes).
-template <auto Fn, int Tag = 0>
+template <auto Fn>
 struct Kernel;
 
-template <class Ret, class... Args, Ret (*Fn)(Args...), int Tag>
-struct Kernel<Fn, Tag> {
-  using Sig = Ret(Args...);
-  using Handle = c10::TypedOperatorHandle<Sig>;
-
-  static Route& route() {
-    static Route* r = new Route();
-    return *r;
-  }
-  static std::optional<Handle>& handle() {
-    static auto* h = new std::optional<Handle>();
-    return *h;
-  }
-
-  // CPU kernel of torchrec_ascend::<op>.
-  static Ret cpu(Args... args) {
-    Route& r = route();
-    if (r.python.load(std::memory_order_relaxed) || env_forced()) {
-      return call_python<Ret>(r.fallback, args...);
+template <class Ret, class... Args, Ret (*Fn)(Args...)>
+struct Kernel<Fn> {
+  static std::unique_ptr<Registration> make(const std::string& op, pybind11::object grad) {
+    auto reg = std::make_unique<Registration>(std::move(grad));
+    QuietOverride quiet;
+    c10::WarningUtils::WarningHandlerGuard guard(&quiet);
+    auto cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "torchrec_ascend",
+                                                c10::DispatchKey::CPU, __FILE__, __LINE__);
+    cpu->impl(op.c_str(), TORCH_FN(Fn));
+    reg->libs.push_back(std::move(cpu));
+    if (!reg->grad.is_none()) {
+      auto handle = c10::Dispatcher::singleton()
+                        .findSchemaOrThrow(("torchrec_ascend::" + op).c_str(), "")
+                        .template typed<Ret(Args...)>();
+      PyObject* fn = reg->grad.ptr();  // alive as long as the kernel (see Registration)
+      auto ag = std::make_unique<torch::Library>(torch::Library::IMPL, "torchrec_ascend",
+                                                 c10::DispatchKey::AutogradCPU, __FILE__, __LINE__);
+      ag->impl(op.c_str(), [handle, fn](Args... args) -> Ret {
+        if (!c10::GradMode::is_enabled() || !(requires_grad(args) || ...)) {
+          at::AutoDispatchBelowADInplaceOrView below;
+          return handle.call(args...);
+        }
+        return call_python<Ret>(fn, args...);
+      });
+      reg->libs.push_back(std::move(ag));
     }
-    return Fn(args...);
-  }
-
-  // AutogradCPU kernel (ops with a gradient).
-  static Ret autograd_cpu(Args... args) {
-    if (!c10::GradMode::is_enabled() || !(requires_grad(args) || ...)) {
-      at::AutoDispatchBelowADInplaceOrView below;
-      return handle()->call(args...);
-    }
-    return call_python<Ret>(route().grad_fallback, args...);
+    return reg;
   }
 };
 
 // One op that has a direct kernel.
 struct Entry {
-  const char* name;
-  Route& (*route)();
-  void (*install)(const char* name, bool autograd);
+  std::string name;
+  std::unique_ptr<Registration> (*make)(const std::string& op, pybind11::object grad);
 };
 
-template <auto Fn, int Tag = 0>
+template <auto Fn>
 Entry entry(const char* name) {
-  return Entry{name, &Kernel<Fn, Tag>::route, [](const char* op, bool autograd) {
-                 using K = Kernel<Fn, Tag>;
-                 // one library per op and key; never destroyed (the kernels stay for the
-                 // process: routing, not deregistration, switches them off)
-                 auto* cpu = new torch::Library(torch::Library::IMPL, "torchrec_ascend",
-                                                c10::DispatchKey::CPU, __FILE__, __LINE__);
-                 cpu->impl(op, TORCH_FN(K::cpu));
-                 if (autograd) {
-                   K::handle() = c10::Dispatcher::singleton()
-                                     .findSchemaOrThrow((std::string("torchrec_ascend::") + op).c_str(), "")
-                                     .template typed<typename K::Sig>();
-                   auto* ag = new torch::Library(torch::Library::IMPL, "torchrec_ascend",
-                                                 c10::DispatchKey::AutogradCPU, __FILE__, __LINE__);
-                   ag->impl(op, TORCH_FN(K::autograd_cpu));
-                 }
-               }};
+  return Entry{name, &Kernel<Fn>::make};
 }
 
-// Every op with a direct kernel (filled by the bind_<area> functions before bind()).
+// Every op with a direct kernel (filled by the bind_<area> functions before bind(), then read
+// only).
 inline std::vector<Entry>& table() {
   static auto* t = new std::vector<Entry>();
   return *t;
 }
 
-inline Entry* find(const std::string& name) {
-  for (auto& e : table()) {
-    if (name == e.name) return &e;
-  }
-  return nullptr;
-}
-
-// Python API used by ops/registry.py.
+// Python API used by torchrec_ascend/ops/registry/.
 inline void bind(pybind11::module& m) {
-  m.def("_direct_ops", [] {
+  pybind11::class_<Registration>(m, "DirectRegistration",
+                                 "An op's direct kernels, registered while this object lives.");
+  m.def("direct_ops", [] {
     std::vector<std::string> out;
-    for (auto& e : table()) out.emplace_back(e.name);
+    for (const auto& e : table()) out.push_back(e.name);
     return out;
   }, "Ops that have a direct dispatcher kernel.");
   m.def(
-      "_direct_install",
-      [](const std::string& name, pybind11::object fallback, pybind11::object grad_fallback) {
-        Entry* e = find(name);
-        TORCH_CHECK_VALUE(e != nullptr, "name: ", name, " has no direct kernel");
-        Route& r = e->route();
-        TORCH_CHECK_VALUE(r.fallback == nullptr, "name: ", name, " is already installed");
-        r.fallback = fallback.inc_ref().ptr();
-        if (!grad_fallback.is_none()) r.grad_fallback = grad_fallback.inc_ref().ptr();
-        e->install(e->name, !grad_fallback.is_none());
+      "register_direct",
+      [](const std::string& name, pybind11::object grad) -> std::unique_ptr<Registration> {
+        for (const auto& e : table()) {
+          if (e.name == name) return e.make(name, std::move(grad));
+        }
+        TORCH_CHECK_VALUE(false, "name: ", name, " has no direct kernel");
+        return nullptr;
       },
-      "Register the direct CPU (and, with grad_fallback, AutogradCPU) kernel of an op.");
-  m.def(
-      "_direct_set_python",
-      [](const std::string& name, bool python) {
-        Entry* e = find(name);
-        TORCH_CHECK_VALUE(e != nullptr, "name: ", name, " has no direct kernel");
-        e->route().python.store(python);
-      },
-      "Route an op's CPU calls to its Python fallback (True) or its csrc kernel (False).");
-  m.def(
-      "_direct_routes_python",
-      [](const std::string& name) {
-        Entry* e = find(name);
-        TORCH_CHECK_VALUE(e != nullptr, "name: ", name, " has no direct kernel");
-        return e->route().python.load() || env_forced();
-      },
-      "Whether a CPU call of the op now takes the Python path.");
+      pybind11::arg("name"), pybind11::arg("grad"),
+      "Register the direct CPU kernel of an op (and, with grad, its AutogradCPU kernel calling "
+      "grad when a gradient is recorded); dropping the returned object deregisters them.");
 }
 
 }  // namespace torchrec_ascend::direct

@@ -1094,8 +1094,8 @@ void bind_jagged(pybind11::module& m) {
 
   // direct dispatcher kernels (csrc/direct.h): every jagged op, its C++ covering every case
   auto& t = direct::table();
-  t.push_back(direct::entry<&jagged_to_padded_dense_forward, 0>("jagged_to_padded_dense_forward"));
-  t.push_back(direct::entry<&jagged_to_padded_dense_forward, 1>("jagged_to_padded_dense"));
+  t.push_back(direct::entry<&jagged_to_padded_dense_forward>("jagged_to_padded_dense_forward"));
+  t.push_back(direct::entry<&jagged_to_padded_dense_forward>("jagged_to_padded_dense"));
   t.push_back(direct::entry<&jagged_to_padded_dense_backward>("jagged_to_padded_dense_backward"));
   t.push_back(direct::entry<&dense_to_jagged_forward>("dense_to_jagged_forward"));
   t.push_back(direct::entry<&dense_to_jagged>("dense_to_jagged"));
@@ -1117,13 +1117,13 @@ void bind_jagged(pybind11::module& m) {
   t.push_back(direct::entry<&jagged_softmax_forward>("jagged_softmax_forward"));
   t.push_back(direct::entry<&jagged_softmax_backward>("jagged_softmax_backward"));
   t.push_back(direct::entry<&jagged_softmax>("jagged_softmax"));
-  t.push_back(direct::entry<&jagged_jagged_bmm_forward, 0>("jagged_jagged_bmm_forward"));
-  t.push_back(direct::entry<&jagged_jagged_bmm_forward, 1>("jagged_jagged_bmm"));
+  t.push_back(direct::entry<&jagged_jagged_bmm_forward>("jagged_jagged_bmm_forward"));
+  t.push_back(direct::entry<&jagged_jagged_bmm_forward>("jagged_jagged_bmm"));
   t.push_back(direct::entry<&jagged_dense_bmm_forward>("jagged_dense_bmm_forward"));
   t.push_back(direct::entry<&jagged_dense_bmm>("jagged_dense_bmm"));
-  t.push_back(direct::entry<&batched_dense_vec_jagged_2d_mul_forward, 0>(
+  t.push_back(direct::entry<&batched_dense_vec_jagged_2d_mul_forward>(
       "batched_dense_vec_jagged_2d_mul_forward"));
-  t.push_back(direct::entry<&batched_dense_vec_jagged_2d_mul_forward, 1>(
+  t.push_back(direct::entry<&batched_dense_vec_jagged_2d_mul_forward>(
       "batched_dense_vec_jagged_2d_mul"));
   t.push_back(direct::entry<&batched_dense_vec_jagged_2d_mul_backward>(
       "batched_dense_vec_jagged_2d_mul_backward"));

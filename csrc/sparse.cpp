@@ -1080,10 +1080,10 @@ void bind_sparse(pybind11::module& m) {
   t.push_back(direct::entry<&offsets_range>("offsets_range"));
   t.push_back(direct::entry<&segment_sum_csr>("segment_sum_csr"));
   t.push_back(direct::entry<&keyed_jagged_index_select_dim1>("keyed_jagged_index_select_dim1"));
-  t.push_back(direct::entry<&permute_pooled_embs, 0>("permute_pooled_embs"));
-  t.push_back(direct::entry<&permute_pooled_embs, 1>("permute_pooled_embs_auto_grad"));
-  t.push_back(direct::entry<&permute_pooled_embs, 2>("permute_pooled_embs_auto_grad_split"));
-  t.push_back(direct::entry<&permute_pooled_embs, 3>("permute_pooled_embs_split"));
+  t.push_back(direct::entry<&permute_pooled_embs>("permute_pooled_embs"));
+  t.push_back(direct::entry<&permute_pooled_embs>("permute_pooled_embs_auto_grad"));
+  t.push_back(direct::entry<&permute_pooled_embs>("permute_pooled_embs_auto_grad_split"));
+  t.push_back(direct::entry<&permute_pooled_embs>("permute_pooled_embs_split"));
   t.push_back(direct::entry<&bounds_check_indices>("bounds_check_indices"));
   t.push_back(direct::entry<&block_bucketize_sparse_features>("block_bucketize_sparse_features"));
 }

@@ -16,16 +16,16 @@ Sections:
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import sys
 from typing import Dict, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "ops.md")
-RESULTS = os.path.join(ROOT, "benchmarks", "results", "ops.json")
 sys.path.insert(0, ROOT)
+
+from benchmarks.common import doc_section, replace_doc_section  # noqa: E402
+from benchmarks.ops import markdown_table as benchmark_markdown  # noqa: E402  (the section's body)
 
 
 def _registry():
@@ -85,81 +85,27 @@ def resolved_markdown() -> str:
     return "\n".join(lines)
 
 
-def benchmark_markdown(path: str = RESULTS) -> Optional[str]:
-    """The measured table of benchmarks/results/ops.json (None if absent)."""
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        doc = json.load(f)
-    m = doc.get("machine", {})
-    head = (f"Measured {m.get('time', '?')} on {m.get('cpu', '?')}, {doc.get('torch_threads')} "
-            f"torch threads, torch {m.get('torch', '?')}"
-            f"{' (--quick)' if doc.get('quick') else ''}; {doc.get('shape_note', '')}.")
-
-    def fmt(v, nd=None):
-        if v is None:
-            return "-"
-        if not isinstance(v, float):
-            return str(v)
-        return f"{v:.{nd}f}" if nd is not None else f"{v:.4g}"
-
-    lines = [head, "",
-             "| op | ours ms | baseline | baseline ms | ratio | target | met | backend | shapes |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in doc["rows"]:
-        met = {True: "yes", False: "**no**", None: "-"}[r["meets_target"]]
-        base = r.get("baseline", "fbgemm")
-        base_ms = r.get("baseline_ms", r.get("fbgemm_ms"))
-        lines.append(f"| `{r['op']}` | {fmt(r['ours_ms'])} | {base} | {fmt(base_ms)} | "
-                     f"{fmt(r['ratio'], 2)} | {fmt(r['target'], 1)} | {met} | {r['backend']} | "
-                     f"{r['shapes']} |")
-    return "\n".join(lines)
-
-
-def _section(text: str, name: str) -> Optional[str]:
-    m = re.search(rf"<!-- BEGIN {name} -->\n(.*?)<!-- END {name} -->", text, re.S)
-    return m.group(1).strip() if m else None
-
-
-def _replace(text: str, name: str, body: str) -> str:
-    pattern = rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)"
-    if not re.search(pattern, text, re.S):
-        raise ValueError(f"{DOC}: has no '<!-- BEGIN {name} -->' ... '<!-- END {name} -->' section")
-    return re.sub(pattern, lambda m: m.group(1) + body + "\n" + m.group(2), text, flags=re.S)
-
-
 def documented_coverage(path: str = DOC) -> Optional[str]:
     """The coverage table as docs/ops.md has it now."""
     with open(path) as f:
-        return _section(f.read(), "coverage")
+        return doc_section(f.read(), "coverage")
 
 
 def documented_benchmark(path: str = DOC) -> Optional[str]:
     """The benchmark table as docs/ops.md has it now."""
     with open(path) as f:
-        return _section(f.read(), "benchmark")
-
-
-def update_benchmark(path: str = DOC) -> None:
-    """Rewrite only the benchmark section (benchmarks/ops.py calls this after a full run)."""
-    bench = benchmark_markdown()
-    if bench is None:
-        return
-    with open(path) as f:
-        text = f.read()
-    with open(path, "w") as f:
-        f.write(_replace(text, "benchmark", bench))
+        return doc_section(f.read(), "benchmark")
 
 
 def update(path: str = DOC) -> None:
     """Rewrite the generated sections of docs/ops.md."""
     with open(path) as f:
         text = f.read()
-    text = _replace(text, "coverage", coverage_markdown())
-    text = _replace(text, "resolved", resolved_markdown())
+    text = replace_doc_section(text, "coverage", coverage_markdown())
+    text = replace_doc_section(text, "resolved", resolved_markdown())
     bench = benchmark_markdown()
     if bench is not None:
-        text = _replace(text, "benchmark", bench)
+        text = replace_doc_section(text, "benchmark", bench)
     with open(path, "w") as f:
         f.write(text)
 

@@ -57,8 +57,6 @@ def case(op: str, shapes: str, args: Sequence[object], fb_args: Optional[Sequenc
          training_path: bool = False, fb_op: Optional[str] = None) -> Case:
     """A case calling ``op`` with ``args`` on both sides (``fb_args``: the baseline's own copy of
     mutable inputs; ``fb_op``: fbgemm's name where it differs)."""
-    from torchrec_ascend.ops.registry import dispatch
-
     ours_fn = getattr(torch.ops.torchrec_ascend, op)
     fb_name = fb_op or op
     a = tuple(args)
@@ -67,7 +65,7 @@ def case(op: str, shapes: str, args: Sequence[object], fb_args: Optional[Sequenc
         fb_fn = getattr(torch.ops.fbgemm, fb_name)
         return Case(op, shapes, lambda: ours_fn(*a), lambda: fb_fn(*b), "fbgemm", training_path)
     ref_fn = registry.spec(op).reference
-    full = dispatch.full_args(op, b, {})
+    full = registry.full_args(op, b)
     return Case(op, shapes, lambda: ours_fn(*a), lambda: ref_fn(*full), "reference",
                 training_path)
 
@@ -87,9 +85,8 @@ def ours_context() -> Iterator[None]:
 
 
 def our_backend(op: str) -> str:
-    """The backend :func:`ours_context` runs ``op`` on."""
-    with ours_context():
-        backend, _ = registry.choose(op, "cpu")
+    """The backend ``op`` runs on (call it inside :func:`ours_context`)."""
+    backend, _ = registry.choose(op, "cpu")
     assert backend not in _FBGEMM_BACKENDS, (op, backend)
     return backend
 

@@ -33,3 +33,15 @@ def llc_bytes():
     old = ext._set_llc_bytes(-1)
     yield ext._set_llc_bytes
     ext._set_llc_bytes(old)
+
+
+@pytest.fixture
+def reread(monkeypatch):
+    """reread(**overrides): the registry reads its environment again (it reads it once, on
+    import: set variables with ``monkeypatch`` first), fields of ``registry.Environment``
+    overridden; afterwards the variables are restored and the environment read again."""
+    from torchrec_ascend.ops import registry
+
+    yield registry.reload_environment
+    monkeypatch.undo()
+    registry.reload_environment()

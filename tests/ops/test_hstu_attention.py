@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import torchrec_ascend.ops as ops
-from torchrec_ascend.ops import cpu, registry
+from torchrec_ascend.ops import extension as cpu, registry
 from torchrec_ascend.ops.hstu import hstu_mha
 
 
@@ -160,9 +160,10 @@ def test_float64_is_tight(backend):
     _check(backend, args, "max_len", rtol=1e-10, atol=1e-12)
 
 
-def test_triton_interpreted_matches_oracle(monkeypatch):
+def test_triton_interpreted_matches_oracle(monkeypatch, reread):
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+    reread()
     if registry.spec("hstu_mha").triton is None:
         pytest.skip("no triton implementation")
     for case in (0, 2, 3):

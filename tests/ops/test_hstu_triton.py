@@ -115,9 +115,10 @@ def test_kernels_match_reference_fwd_bwd(th, case):
     assert (grads[3].numel() > 0) == pos and (grads[4].numel() > 0) == time
 
 
-def test_through_the_op_and_autograd(th, monkeypatch):
+def test_through_the_op_and_autograd(th, monkeypatch, reread):
     """The public entry + registry + autograd run the Triton kernels (default tiles) on cpu."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+    reread()
     args = _case([9, 1, 40], msl=40, num_targets=[2, 0, 3], ctx=2, seed=11)
     q, k, v, offsets, alpha, msl, by_len, nt, ctx, pos_w, ts_w, ts = args
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v, pos_w, ts_w)]
@@ -215,13 +216,11 @@ def test_kernel_buckets_exact_at_every_boundary(th):
 # --------------------------------------------------------------------------- registry, benchmark
 
 
-def test_registry_picks_triton_on_cuda_and_npu(monkeypatch):
+def test_registry_picks_triton_on_cuda_and_npu(reread):
     for name in ("hstu_mha", "hstu_mha_backward"):
         assert registry.spec(name).triton is not None
     # as on a machine with a GPU / with triton-ascend: triton usable there, not on plain cpu
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.delenv(registry.ENV_BACKEND, raising=False)
-    monkeypatch.setattr(registry.environment, "triton_usable", lambda dev: dev in ("cuda", "npu"))
+    reread(triton_devices=frozenset({"cuda", "npu"}), forcing="")
     rows = {(op, dev): (backend, why) for op, dev, backend, why in registry.describe_rows()
             if op in ("hstu_mha", "hstu_mha_backward")}
     for op in ("hstu_mha", "hstu_mha_backward"):

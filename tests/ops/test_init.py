@@ -1,9 +1,7 @@
-"""ops/__init__.py: the public surface (every public op of every area exported) and the former
-module names kept working."""
+"""ops/__init__.py: the public surface (every public op of every area exported), and nothing
+of a layer above (the former aliases ops.cpu / ops._checks / ops.embedding_npu are gone)."""
 
 from __future__ import annotations
-
-import importlib
 
 import torchrec_ascend.ops as ops
 from torchrec_ascend.ops import embedding, hstu, jagged, sparse
@@ -24,15 +22,30 @@ def test_every_public_op_is_exported():
         assert hasattr(ops, name), name
 
 
-def test_former_module_names_are_the_same_modules():
-    assert importlib.import_module("torchrec_ascend.ops.cpu") is ops.extension
-    assert importlib.import_module("torchrec_ascend.ops._checks") is ops.validation
-    from torchrec_ascend.ops import cpu, _checks  # noqa: F401
+def test_no_former_aliases_and_no_import_from_a_higher_layer():
+    """ops/ is the layer above device.py (and options.py, the option machinery, itself importing
+    nothing of the package): no module of it imports anything else of torchrec_ascend (read from
+    the sources: relative imports resolved against their module)."""
+    import ast
+    import pathlib
 
-    assert cpu is ops.extension and _checks is ops.validation
-
-
-def test_tbe_npu_plumbing_moved_to_distributed():
-    moved = importlib.import_module("torchrec_ascend.distributed.fbgemm_tbe_npu")
-    assert ops.embedding_npu is moved
-    assert moved.infos_metadata(8, 3) == (30, (1 << 30) - 1)
+    for name in ("cpu", "_checks", "embedding_npu"):
+        assert not hasattr(ops, name), name
+    root = pathlib.Path(ops.__file__).parent
+    for path in root.rglob("*.py"):
+        package = ["torchrec_ascend"] + list(path.relative_to(root.parent).parent.parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else []
+                names = [".".join(base + ([node.module] if node.module else []))]
+                if not node.module:  # from .. import x, y: each is a module
+                    names = [f"{names[0]}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                if name.startswith("torchrec_ascend"):
+                    assert name.startswith(("torchrec_ascend.ops", "torchrec_ascend.device",
+                                            "torchrec_ascend.options")), \
+                        f"{path}: imports {name}"

@@ -5,8 +5,6 @@ with the ``triton`` backend forced for every jagged op that has one (the referen
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -15,6 +13,7 @@ from hypothesis import strategies as st
 pytest.importorskip("triton")
 pytest.importorskip("fbgemm_gpu")
 
+import torchrec_ascend.ops as tops  # noqa: E402
 from test_jagged import Jag, check_parity, family_backends, jag_strategy  # noqa: E402
 
 # ops whose forward or backward runs a Triton kernel
@@ -26,14 +25,13 @@ TRITON_OPS = ["jagged_to_padded_dense", "dense_to_jagged", "jagged_2d_to_dense",
 @pytest.fixture(autouse=True, scope="module")
 def _interpret():
     """Interpret Triton on CPU for this module only (``triton.jit`` reads the switch when a kernel
-    module is imported, which happens lazily on the first call)."""
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    yield
-    if old is None:
-        del os.environ["TRITON_INTERPRET"]
-    else:
-        os.environ["TRITON_INTERPRET"] = old
+    module is imported, which happens lazily on the first call; the registry when it reads its
+    environment)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        tops.registry.reload_environment()
+        yield
+    tops.registry.reload_environment()
 
 
 def test_triton_kernels_registered():

@@ -21,8 +21,6 @@ The public surface, by module (each function validates its arguments, then dispa
 
 from __future__ import annotations
 
-import sys as _sys
-
 from . import extension, registry, validation
 from .registry import BACKENDS, DEVICES, describe, describe_rows, use_backend
 
@@ -72,23 +70,6 @@ from .sparse import (  # noqa: E402
     permute_pooled_embs_auto_grad_split,
     segment_sum_csr,
 )
-
-# the modules' former names (ops/cpu.py, ops/_checks.py) stay importable: the same module objects
-_sys.modules[__name__ + ".cpu"] = extension
-_sys.modules[__name__ + "._checks"] = validation
-cpu = extension
-_checks = validation
-
-
-def __getattr__(name: str):
-    # ops/embedding_npu.py moved to torchrec_ascend/distributed/fbgemm_tbe_npu.py (TorchRec
-    # integration, not a registry op); the old attribute imports it on first use
-    if name == "embedding_npu":
-        import importlib
-
-        return importlib.import_module("torchrec_ascend.distributed.fbgemm_tbe_npu")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 __all__ = [
     # the registry

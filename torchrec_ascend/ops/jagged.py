@@ -15,7 +15,7 @@ import torch
 
 from . import validation
 from .specs import jagged as _specs
-from .specs.jagged import OP_NAMES, zero_past_max_L  # noqa: F401  (OP_NAMES: the family, for tests)
+from .specs.jagged import OP_NAMES  # noqa: F401  (the family, for tests)
 
 __all__ = [
     "jagged_to_padded_dense",
@@ -183,31 +183,34 @@ def stacked_jagged_2d_to_dense(
                                            int(padding_value))
 
 
+def _jagged_dense(op: str, x_values: torch.Tensor, x_offsets: OffsetsLike, y: torch.Tensor,
+                  validate: bool):
+    """The elementwise ops of a jagged x and a dense y: check both, call ``op``."""
+    offs = _jagged_input("x_values", x_values, "x_offsets", x_offsets, validate)
+    _check_dense("y", y, x_values, offs)
+    return getattr(_ops, op)(x_values, offs, y)
+
+
 def jagged_dense_elementwise_add(x_values: torch.Tensor, x_offsets: OffsetsLike, y: torch.Tensor,
                                  validate: bool = True) -> torch.Tensor:
     """Dense ``y [B, N_0, ..., *inner]`` plus the jagged x padded with zeros (x truncated to y's
     shape).  ``x_offsets``: a tensor or a list of ``J`` (any number of jagged dimensions)."""
-    offs = _jagged_input("x_values", x_values, "x_offsets", x_offsets, validate)
-    _check_dense("y", y, x_values, offs)
-    return _ops.jagged_dense_elementwise_add(x_values, offs, y)
+    return _jagged_dense("jagged_dense_elementwise_add", x_values, x_offsets, y, validate)
 
 
 def jagged_dense_elementwise_add_jagged_output(
     x_values: torch.Tensor, x_offsets: OffsetsLike, y: torch.Tensor, validate: bool = True,
 ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
     """Jagged ``x + y`` at x's positions (y counts as 0 past its shape): ``(values, offsets)``."""
-    offs = _jagged_input("x_values", x_values, "x_offsets", x_offsets, validate)
-    _check_dense("y", y, x_values, offs)
-    return _ops.jagged_dense_elementwise_add_jagged_output(x_values, offs, y)
+    return _jagged_dense("jagged_dense_elementwise_add_jagged_output", x_values, x_offsets, y,
+                         validate)
 
 
 def jagged_dense_elementwise_mul(
     x_values: torch.Tensor, x_offsets: OffsetsLike, y: torch.Tensor, validate: bool = True,
 ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
     """Jagged ``x * y`` at x's positions (0 past y's shape): ``(values, offsets)``."""
-    offs = _jagged_input("x_values", x_values, "x_offsets", x_offsets, validate)
-    _check_dense("y", y, x_values, offs)
-    return _ops.jagged_dense_elementwise_mul(x_values, offs, y)
+    return _jagged_dense("jagged_dense_elementwise_mul", x_values, x_offsets, y, validate)
 
 
 def jagged_dense_dense_elementwise_add_jagged_output(
@@ -224,13 +227,13 @@ def jagged_dense_dense_elementwise_add_jagged_output(
 def jagged_softmax(values: torch.Tensor, x_offsets: torch.Tensor, max_L: int,
                    validate: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """Softmax over each sequence (its first ``max_L`` rows), per column of ``values [T, D]``;
-    rows past ``max_L`` are 0, and so is their gradient (fbgemm's kernels leave them
-    uninitialised: the raw ``torch.ops.*.jagged_softmax*`` ops on the fbgemm backend keep that
-    behaviour, this entry point zeroes them).  Returns ``(output, x_offsets)``."""
+    rows past ``max_L`` are 0, and so is their gradient (on every backend: fbgemm's kernels leave
+    them uninitialised, the registry zeroes them where fbgemm serves the op; the raw
+    ``torch.ops.fbgemm.jagged_softmax*`` ops keep fbgemm's behaviour).  Returns
+    ``(output, x_offsets)``."""
     validation.check_jagged("values", values, "x_offsets", x_offsets, validate, dim=2)
     validation.check_nonneg_int("max_L", max_L)
-    out, offsets = _ops.jagged_softmax(values, x_offsets, max_L)
-    return zero_past_max_L("jagged_softmax", out, x_offsets, max_L), offsets
+    return tuple(_ops.jagged_softmax(values, x_offsets, max_L))
 
 
 def jagged_jagged_bmm(x_values: torch.Tensor, y_values: torch.Tensor, x_offsets: torch.Tensor,

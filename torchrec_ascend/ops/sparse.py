@@ -90,16 +90,24 @@ def _check_sum(name: str, given: Optional[int], actual: torch.Tensor, validate: 
         raise ValueError(f"{name}: is {given} but the selected lengths sum to {int(actual.sum())}")
 
 
-def permute_2D_sparse_data(
-    permute: torch.Tensor,
-    lengths: torch.Tensor,
-    values: torch.Tensor,
-    weights: Optional[torch.Tensor] = None,
-    permuted_lengths_sum: Optional[int] = None,
-    validate: bool = True,
-) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """Reorder the features (rows) of ``lengths [T_in, B]``: output feature ``t`` is input
-    feature ``permute[t]`` (a subset and repeats are allowed), with its values and weights.
+def _permute_entry(name: str, lengths_dim: int, doc: str):
+    op = getattr(_ops, name)
+
+    def entry(permute: torch.Tensor, lengths: torch.Tensor, values: torch.Tensor,
+              weights: Optional[torch.Tensor] = None, permuted_lengths_sum: Optional[int] = None,
+              validate: bool = True) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        _check_permute_args(permute, lengths, values, weights, permuted_lengths_sum, validate,
+                            lengths_dim)
+        return op(permute, lengths, values, weights, permuted_lengths_sum)
+
+    entry.__name__ = entry.__qualname__ = name
+    entry.__doc__ = doc
+    return entry
+
+
+permute_2D_sparse_data = _permute_entry("permute_2D_sparse_data", 2, """Reorder the features (rows)
+    of ``lengths [T_in, B]``: output feature ``t`` is input feature ``permute[t]`` (a subset and
+    repeats are allowed), with its values and weights.
 
     Args:
         permute: ``[T]`` int32 feature order (fbgemm reads it as int32).
@@ -112,24 +120,11 @@ def permute_2D_sparse_data(
     Returns ``(permuted_lengths [T, B], permuted_values, permuted_weights or None)``.
     Differentiable w.r.t. ``values`` and ``weights`` (gradients are scattered back, so repeated
     features accumulate).
-    """
-    _check_permute_args(permute, lengths, values, weights, permuted_lengths_sum, validate, 2)
-    return _ops.permute_2D_sparse_data(permute, lengths, values, weights, permuted_lengths_sum)
-
-
-def permute_1D_sparse_data(
-    permute: torch.Tensor,
-    lengths: torch.Tensor,
-    values: torch.Tensor,
-    weights: Optional[torch.Tensor] = None,
-    permuted_lengths_sum: Optional[int] = None,
-    validate: bool = True,
-) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """Reorder the segments of 1-D ``lengths [N]`` by ``permute [M]`` (int32): output segment
-    ``i`` is input segment ``permute[i]``.  Same arguments and gradients as
-    :func:`permute_2D_sparse_data`, with one length per segment."""
-    _check_permute_args(permute, lengths, values, weights, permuted_lengths_sum, validate, 1)
-    return _ops.permute_1D_sparse_data(permute, lengths, values, weights, permuted_lengths_sum)
+    """)
+permute_1D_sparse_data = _permute_entry("permute_1D_sparse_data", 1, """Reorder the segments of
+    1-D ``lengths [N]`` by ``permute [M]`` (int32): output segment ``i`` is input segment
+    ``permute[i]``.  Same arguments and gradients as :func:`permute_2D_sparse_data`, with one
+    length per segment.""")
 
 
 def _check_permute_args(permute, lengths, values, weights, permuted_lengths_sum, validate, ldim):
@@ -316,8 +311,9 @@ def bounds_check_indices(
     (``len(offsets) = T * B + 1``) or ``B_offsets [T + 1]`` (int32) bags per table (variable
     batch).  ``-1`` ids (pruned rows) are always accepted.  Modes (:class:`BoundsCheckMode`):
 
-    * ``FATAL``: ``ValueError`` on the first bad offset or id; nothing is modified (this entry
-      point runs the torch-composite check first, so the error is the same on every backend).
+    * ``FATAL``: ``ValueError`` on the first bad offset or id; nothing is modified (the same
+      error on every backend: where fbgemm's kernel serves the op, the registry words its error
+      as ours).
     * ``WARNING``: MUTATES ``offsets`` (last set to ``len(indices)``, then
       ``cummax(clamp(offsets, 0, len(indices)))``) and ``indices`` (out-of-range ids set to 0),
       and writes the number of fixes into ``warning[0]`` (reset first).
@@ -352,11 +348,6 @@ def bounds_check_indices(
                          f"T={t_count} tables")
     if weights is not None and weights.numel() and weights.shape[0] != indices.numel():
         raise ValueError(f"weights: {weights.shape[0]} entries but {indices.numel()} indices")
-    if mode in (BoundsCheckMode.FATAL, BoundsCheckMode.V2_FATAL):
-        # FATAL modifies nothing: run the torch-composite check first so that a violation is a
-        # ValueError naming the offset or id, whichever backend runs the op
-        ref.bounds_check_indices(rows_per_table, indices, offsets, mode, warning, weights,
-                                 B_offsets)
     _ops.bounds_check_indices(rows_per_table, indices, offsets, mode, warning, weights, B_offsets,
                               max_B, b_t_map, info_B_num_bits, info_B_mask, bounds_check_version,
                               prefetch_pipeline)

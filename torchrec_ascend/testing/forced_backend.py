@@ -1,9 +1,8 @@
 """TorchRec on fbgemm's CPU kernels vs TorchRec on ours forced in their place.
 
-:class:`KernelLog` records every call that reaches one of our registered kernels (the registry's
-dispatcher kernels all go through :func:`torchrec_ascend.ops.registry.run`) together with the
-backend that served it, and, through a ``TorchDispatchMode``, every ``fbgemm::`` op that reached
-the dispatcher.  With both, a test can prove that a forced run really ran on our kernels: every
+:class:`KernelLog` records every call that reaches one of our registered Python kernels (seen by
+:func:`torchrec_ascend.ops.registry.observe`) together with the backend that served it, and,
+through a ``TorchDispatchMode``, every ``fbgemm::`` op that reached the dispatcher.  With both, a test can prove that a forced run really ran on our kernels: every
 fbgemm op of our registry that TorchRec dispatched was served by us, by a non-fbgemm backend.
 
 :func:`compare_worker` is the body of ``tests/distributed/test_forced_backend.py``: in one
@@ -52,32 +51,22 @@ def replaceable_ops() -> Set[str]:
     from torchrec_ascend.ops import registry
 
     return {s.name for s in registry.all_specs()
-            if s.fbgemm and "CPU" in registry._NATIVE_KEYS.get(s.name, ())}
+            if s.fbgemm and "CPU" in registry.fbgemm_keys(s.name)}
 
 
 @contextlib.contextmanager
 def kernel_log() -> Iterator[KernelLog]:
     """Record our kernels' calls (op, device, backend) and the fbgemm ops dispatched in the block.
 
-    Wraps :func:`registry.run`, which every dispatcher kernel of the registry calls; the backend
-    is the registry's choice at that moment (under ``use_backend(..., replace_fbgemm=True)`` a
-    replaced op can never choose ``fbgemm``)."""
+    Every Python kernel of the registry reports its calls to :func:`registry.observe` (under
+    ``use_backend(..., replace_fbgemm=True)`` a replaced op can never choose ``fbgemm``)."""
     from torchrec_ascend.ops import registry
 
     log = KernelLog()
-    real_run = registry.run
-
-    def counting_run(name, device, *args):
-        log.ours.append((name, device, registry.choose(name, device)[0]))
-        return real_run(name, device, *args)
-
-    registry.run = counting_run
-    try:
-        with OpRecorder(("fbgemm",)) as rec:
-            yield log
-    finally:
-        registry.run = real_run
-        log.dispatched = set(rec.ops)
+    with registry.observe(lambda op, device, backend: log.ours.append((op, device, backend))), \
+            OpRecorder(("fbgemm",)) as rec:
+        yield log
+    log.dispatched = set(rec.ops)
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
-"""registry/choice.py: the exact backend for every (device, installed backends) case, forcing,
-the environment variable, the per-call capability check (Limit) and the choice cache."""
+"""registry/choice.py (and the state that feeds it): the exact backend for every (device, installed
+backends) case, forcing, the environment variable (read once, and again on reload_environment),
+the per-call capability check (Limit) and the choice cache."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 import torchrec_ascend.ops as ops
 from torchrec_ascend.ops import registry
-from torchrec_ascend.ops.registry import Installed, Limit, OpSpec, candidates, environment
+from torchrec_ascend.ops.registry import Installed, Limit, OpSpec, candidates
 
 _ident = lambda *a: a[0]  # noqa: E731
 
@@ -166,9 +167,9 @@ def test_strict_when_ops_are_named():
             registry.choose("asynchronous_inclusive_cumsum", "cpu")
 
 
-def test_lenient_for_all_ops(monkeypatch):
+def test_lenient_for_all_ops(reread):
     # triton cannot run on cpu here: a force of every op falls back per op and says why
-    monkeypatch.setattr(environment, "triton_usable", lambda device: False)
+    reread(triton_devices=frozenset())
     op = "jagged_to_padded_dense_forward"
     first = registry.available_backends(op, "cpu")[0][0]
     with ops.use_backend("triton"):
@@ -176,27 +177,46 @@ def test_lenient_for_all_ops(monkeypatch):
         assert backend == first and "'triton' forced by use_backend() is unavailable" in why
 
 
-def test_environment_variable(monkeypatch):
+def test_environment_variable(monkeypatch, reread):
     name = "jagged_to_padded_dense_forward"
     if "cpu_kernel" not in [b for b, _ in registry.available_backends(name, "cpu")]:
         pytest.skip("csrc extension not built")
     monkeypatch.setenv(registry.ENV_BACKEND, "reference")
+    reread()
     assert registry.choose(name, "cpu") == ("reference", "forced by $TORCHREC_ASCEND_BACKEND")
     monkeypatch.setenv(registry.ENV_BACKEND, f"{name}=cpu_kernel")
+    reread()
     assert registry.choose(name, "cpu")[0] == "cpu_kernel"
     assert registry.choose("asynchronous_complete_cumsum", "cpu")[0] == \
         registry.available_backends("asynchronous_complete_cumsum", "cpu")[0][0]
     monkeypatch.setenv(registry.ENV_BACKEND, f"{name}=triton")
+    reread()
     with pytest.raises(RuntimeError, match="forces backend 'triton'"):
         registry.choose(name, "cpu")
     monkeypatch.setenv(registry.ENV_BACKEND, "bogus")
+    reread()
     with pytest.raises(ValueError, match="bogus"):
         registry.choose(name, "cpu")
 
 
-def test_use_backend_outranks_the_environment(monkeypatch):
+def test_environment_is_read_once(monkeypatch, reread):
+    """A variable set after the registry read its environment changes nothing until
+    reload_environment() reads it again."""
+    name = "jagged_to_padded_dense_forward"
+    monkeypatch.delenv(registry.ENV_BACKEND, raising=False)
+    before = reread()
+    assert before.forcing == ""
+    default = registry.choose(name, "cpu")
+    monkeypatch.setenv(registry.ENV_BACKEND, "reference")
+    assert registry.choose(name, "cpu") == default and default[0] != "reference"
+    assert reread().forcing == "reference"
+    assert registry.choose(name, "cpu")[0] == "reference"
+
+
+def test_use_backend_outranks_the_environment(monkeypatch, reread):
     name = "jagged_to_padded_dense_forward"
     monkeypatch.setenv(registry.ENV_BACKEND, "reference")
+    reread()
     with ops.use_backend("cpu_kernel", ops=[name]):
         assert registry.choose(name, "cpu") == ("cpu_kernel", "forced by use_backend()")
 
@@ -205,10 +225,9 @@ def test_use_backend_outranks_the_environment(monkeypatch):
 
 
 @pytest.fixture
-def triton_on_cpu(monkeypatch):
+def triton_on_cpu(reread):
     """Pretend Triton runs on cpu (the choice only; no Triton kernel is called)."""
-    monkeypatch.delenv(registry.ENV_BACKEND, raising=False)
-    monkeypatch.setattr(environment, "triton_usable", lambda device: True)
+    reread(triton_devices=frozenset(registry.DEVICES), forcing="")
 
 
 def test_limit_passes_a_call_it_does_not_cover_to_the_next_backend(triton_on_cpu):
@@ -264,23 +283,24 @@ def test_run_executes_the_backend_that_covers_the_call(triton_on_cpu, monkeypatc
 # --------------------------------------------------------------------------- cache
 
 
-def test_choice_cache_follows_forcing_and_environment(monkeypatch):
+def test_choice_cache_follows_forcing_and_environment(monkeypatch, reread):
     name = "jagged_to_padded_dense_forward"
     monkeypatch.delenv(registry.ENV_BACKEND, raising=False)
+    reread()
     first = registry.choose(name, "cpu")
     assert registry.choose(name, "cpu") is first  # cached
     with ops.use_backend("reference", ops=[name]):
         assert registry.choose(name, "cpu")[0] == "reference"
     assert registry.choose(name, "cpu") == first
     monkeypatch.setenv(registry.ENV_BACKEND, f"{name}=reference")
+    reread()
     assert registry.choose(name, "cpu")[0] == "reference"
 
 
-def test_choice_cache_follows_patched_triton_probe(monkeypatch):
+def test_choice_cache_follows_the_reread_triton_probe(reread):
     op = "jagged_softmax_forward"
-    monkeypatch.delenv(registry.ENV_BACKEND, raising=False)
-    monkeypatch.setattr(environment, "triton_usable", lambda dev: False)
+    reread(triton_devices=frozenset(), forcing="")
     assert registry.choose(op, "cuda")[0] == "reference"
-    monkeypatch.setattr(environment, "triton_usable", lambda dev: dev == "cuda")
+    reread(triton_devices=frozenset({"cuda"}), forcing="")
     assert registry.choose(op, "cuda")[0] == "triton"
     assert registry.choose(op, "npu")[0] == "reference"

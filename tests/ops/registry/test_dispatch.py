@@ -1,6 +1,7 @@
-"""registry/dispatch.py: what is registered with the dispatcher (kernels per device key, fbgemm's
-PrivateUse1 kernels, the fbgemm:: schemas on a torch-only machine), the csrc direct kernels and
-their routing by the registry, and the fallback when the extension is missing."""
+"""registry/dispatch.py and the state's dispatcher tables: what is registered (kernels per device
+key, fbgemm's PrivateUse1 kernels, the fbgemm:: schemas on a torch-only machine), the csrc direct
+kernels registered exactly while they are the choice, observe(), and the fallback when the
+extension is missing."""
 
 import os
 import subprocess
@@ -39,7 +40,7 @@ def test_fbgemm_keeps_its_own_cpu_kernels_by_default():
     # importing torchrec_ascend must not replace fbgemm's CPU kernels
     pytest.importorskip("fbgemm_gpu")
     for s in _fbgemm_ops():
-        if "CPU" in registry.environment.NATIVE_KEYS.get(s.name, ()):
+        if "CPU" in registry.fbgemm_keys(s.name):
             assert registry.choose(s.name, "cpu")[0] == "fbgemm", s.name
 
 
@@ -123,40 +124,44 @@ def test_missing_extension_warns_once_and_falls_back():
     assert "OK fbgemm fbgemm" in r.stdout
 
 
-def test_missing_extension_falls_back_to_reference(monkeypatch):
-    from torchrec_ascend.ops import extension as cpu
-
-    monkeypatch.setattr(cpu, "_TRIED", True)
-    monkeypatch.setattr(cpu, "_EXT", None)
-    names = [b for b, _ in registry.available_backends("jagged_to_padded_dense_forward", "cpu")]
-    assert "cpu_kernel" not in names and names[-1] == "reference"
+def test_missing_extension_falls_back_to_reference(reread):
+    op = "jagged_to_padded_dense_forward"
+    with ops.use_backend("cpu_kernel", ops=[op]):
+        direct = registry.routes_direct(op)
+        reread(extension=None)
+        names = [b for b, _ in registry.available_backends(op, "cpu")]
+        assert "cpu_kernel" not in names and names[-1] == "reference"
+        assert not any(registry.routes_direct(s.name) for s in registry.all_specs())
     v = torch.randn(4, 3)
     off = torch.tensor([0, 1, 4])
     with ops.use_backend("cpu_kernel"):
         out = ops.jagged_to_padded_dense(v, off, 3)
     torch.testing.assert_close(out, torch.ops.fbgemm.jagged_to_padded_dense(v, [off], [3]))
+    with ops.use_backend("cpu_kernel", ops=[op]):
+        reread()
+        assert registry.routes_direct(op) == direct
 
 
 # --------------------------------------------------------------------------- direct kernels
 
 
 def _direct_ops():
-    return sorted(registry._DIRECT)
+    """The ops that get a csrc direct kernel while cpu_kernel is their choice."""
+    with ops.use_backend("cpu_kernel", device="cpu"):
+        return sorted(s.name for s in registry.all_specs() if registry.routes_direct(s.name))
+
+
+def _cpu_kernel_of(op: str) -> str:
+    table = torch._C._dispatch_dump_table(f"torchrec_ascend::{op}")
+    return next(line for line in table.splitlines() if line.startswith("CPU:"))
 
 
 @pytest.fixture
-def run_spy(monkeypatch):
-    """Every call that goes through the registry's Python kernels (registry.run)."""
+def python_calls():
+    """(op, device, backend) of every call a Python kernel of the registry serves (observe())."""
     calls = []
-    real = registry.run
-
-    def spy(name, device, *args):
-        calls.append((name, device))
-        return real(name, device, *args)
-
-    monkeypatch.setattr(registry, "run", spy)
-    monkeypatch.delenv(registry.ENV_BACKEND, raising=False)
-    return calls
+    with registry.observe(lambda op, device, backend: calls.append((op, device))):
+        yield calls
 
 
 def _kjt_select_args():
@@ -166,10 +171,10 @@ def _kjt_select_args():
     return values, lengths, offsets, torch.tensor([1]), 2
 
 
-def test_direct_kernels_are_the_dispatchers_cpu_kernels():
-    from torchrec_ascend.ops import extension as cpu
+def test_direct_kernels_are_registered_exactly_while_chosen():
+    from torchrec_ascend.ops import extension
 
-    if not cpu.available():
+    if not extension.available():
         pytest.skip("C++ extension not built")
     names = _direct_ops()
     # every training-path sparse op with a csrc kernel is served directly
@@ -178,30 +183,32 @@ def test_direct_kernels_are_the_dispatchers_cpu_kernels():
                "segment_sum_csr", "offsets_range", "bounds_check_indices"):
         assert op in names, op
     for op in names:
-        # the CPU kernel was registered from C++ (csrc/direct.h), not from Python
-        table = torch._C._dispatch_dump(f"torchrec_ascend::{op}")
-        cpu_line = next(line for line in table.splitlines() if line.startswith("CPU:"))
-        assert "direct.h" in cpu_line, cpu_line
-        # and it runs the csrc function exactly when the registry's choice is cpu_kernel
-        assert registry.routes_direct(op) == (registry.choose(op, "cpu")[0] == "cpu_kernel"), op
+        # the dispatcher's CPU kernel is the csrc function (csrc/direct.h) exactly when the
+        # registry's choice is cpu_kernel, else the registry's Python kernel
+        chosen = registry.choose(op, "cpu")[0] == "cpu_kernel"
+        assert registry.routes_direct(op) == chosen, op
+        assert ("direct.h" in _cpu_kernel_of(op)) == chosen, (op, _cpu_kernel_of(op))
     with ops.use_backend("cpu_kernel", device="cpu"):
-        assert all(registry.routes_direct(op) for op in names)
+        assert all("direct.h" in _cpu_kernel_of(op) for op in names)
         why = dict(registry.available_backends(names[0], "cpu"))["cpu_kernel"]
         assert "direct dispatcher kernel" in why
+    op = "asynchronous_complete_cumsum"
+    if registry.choose(op, "cpu")[0] != "cpu_kernel":
+        assert "direct.h" not in _cpu_kernel_of(op), "leaving use_backend kept the csrc kernel"
 
 
-def test_direct_kernel_runs_without_python_by_default(run_spy):
+def test_direct_kernel_runs_without_python_by_default(python_calls):
     # fbgemm-gpu-cpu has no CPU kernel for keyed_jagged_index_select_dim1: csrc is the default
     op = "keyed_jagged_index_select_dim1"
-    if op not in registry._DIRECT or registry.choose(op, "cpu")[0] != "cpu_kernel":
+    if not registry.routes_direct(op):
         pytest.skip("no direct default for this op here")
     values, lengths, offsets, sel, b = _kjt_select_args()
     out = torch.ops.torchrec_ascend.keyed_jagged_index_select_dim1(values, lengths, offsets, sel, b)
-    assert run_spy == [], "the Python kernel ran"
+    assert python_calls == [], "the Python kernel ran"
     with ops.use_backend("reference", ops=[op]):
         ref = torch.ops.torchrec_ascend.keyed_jagged_index_select_dim1(values, lengths, offsets,
                                                                        sel, b)
-    assert run_spy == [(op, "cpu")]
+    assert python_calls == [(op, "cpu")]
     for a, r in zip(out, ref):
         torch.testing.assert_close(a, r, rtol=0, atol=0)
     # a gradient to record takes the Python autograd formula; none to record stays in C++
@@ -213,7 +220,7 @@ def test_direct_kernel_runs_without_python_by_default(run_spy):
     with torch.no_grad():
         got = torch.ops.torchrec_ascend.keyed_jagged_index_select_dim1(v, lengths, offsets, sel, b)
     assert got[0].grad_fn is None
-    assert run_spy == [(op, "cpu")], "the csrc kernel did not serve the gradient-less calls"
+    assert python_calls == [(op, "cpu")], "the csrc kernel did not serve the gradient-less calls"
 
 
 def _spy_reference(monkeypatch, op: str) -> list:
@@ -230,11 +237,11 @@ def _spy_reference(monkeypatch, op: str) -> list:
     return calls
 
 
-def test_forcing_reference_reaches_the_direct_ops(run_spy, monkeypatch):
-    """use_backend and $TORCHREC_ASCEND_BACKEND still pick the backend of a direct op, and
+def test_forcing_reaches_the_direct_ops(python_calls, monkeypatch, reread):
+    """use_backend and $TORCHREC_ASCEND_BACKEND (once read) pick the backend of a direct op;
     leaving use_backend gives the csrc kernel back."""
     op = "asynchronous_complete_cumsum"
-    if op not in registry._DIRECT:
+    if op not in _direct_ops():
         pytest.skip("C++ extension not built")
     ref_calls = _spy_reference(monkeypatch, op)
     x = torch.tensor([3, 0, 2], dtype=torch.int64)
@@ -243,59 +250,65 @@ def test_forcing_reference_reaches_the_direct_ops(run_spy, monkeypatch):
     with ops.use_backend("cpu_kernel", ops=[op]):
         assert registry.routes_direct(op)
         torch.testing.assert_close(call(x), want)
-        assert not ref_calls and not run_spy
+        assert not ref_calls and not python_calls
         with ops.use_backend("reference", ops=[op]):
             assert not registry.routes_direct(op)
             assert registry.choose(op, "cpu")[0] == "reference"
             torch.testing.assert_close(call(x), want)
-            assert len(ref_calls) == 1 and run_spy == [(op, "cpu")]
+            assert len(ref_calls) == 1 and python_calls == [(op, "cpu")]
         assert registry.routes_direct(op), "leaving use_backend did not restore the csrc kernel"
         torch.testing.assert_close(call(x), want)
-        assert len(ref_calls) == 1 and len(run_spy) == 1
-        # use_backend outranks the environment variable; a set variable takes the Python path,
-        # which still runs the csrc kernel here
+        assert len(ref_calls) == 1 and len(python_calls) == 1
+        # use_backend outranks the environment variable: the csrc kernel stays
         monkeypatch.setenv(registry.ENV_BACKEND, "reference")
-        assert registry.choose(op, "cpu")[0] == "cpu_kernel" and not registry.routes_direct(op)
-        torch.testing.assert_close(call(x), want)
-        assert len(ref_calls) == 1 and len(run_spy) == 2
-        monkeypatch.delenv(registry.ENV_BACKEND)
-        assert registry.routes_direct(op)
+        reread()
+        assert registry.choose(op, "cpu")[0] == "cpu_kernel" and registry.routes_direct(op)
+    # outside the block the variable decides: the Python kernel runs the reference
+    assert registry.choose(op, "cpu")[0] == "reference" and not registry.routes_direct(op)
+    torch.testing.assert_close(call(x), want)
+    assert len(ref_calls) == 2 and len(python_calls) == 2
 
 
-def test_environment_variable_reaches_direct_ops_at_call_time(run_spy, monkeypatch):
+def test_environment_variable_reaches_direct_ops_when_read(python_calls, monkeypatch, reread):
     op = "keyed_jagged_index_select_dim1"
-    if op not in registry._DIRECT or registry.choose(op, "cpu")[0] != "cpu_kernel":
+    if not registry.routes_direct(op):
         pytest.skip("no direct default for this op here")
     ref_calls = _spy_reference(monkeypatch, op)
     args = _kjt_select_args()
     call = torch.ops.torchrec_ascend.keyed_jagged_index_select_dim1
     want = call(*args)
-    assert not run_spy and not ref_calls
-    monkeypatch.setenv(registry.ENV_BACKEND, "reference")  # after import: read at call time
+    monkeypatch.setenv(registry.ENV_BACKEND, "reference")
+    reread()
     assert registry.choose(op, "cpu")[0] == "reference" and not registry.routes_direct(op)
     for a, b in zip(call(*args), want):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
-    assert len(ref_calls) == 1 and run_spy == [(op, "cpu")]
+    assert len(ref_calls) == 1 and python_calls == [(op, "cpu")]
     monkeypatch.setenv(registry.ENV_BACKEND, f"{op}=cpu_kernel")
-    call(*args)  # through Python, on the csrc kernel
-    assert len(ref_calls) == 1 and len(run_spy) == 2
-    monkeypatch.delenv(registry.ENV_BACKEND)
+    reread()
     assert registry.routes_direct(op)
-    call(*args)
-    assert len(ref_calls) == 1 and len(run_spy) == 2
+    call(*args)  # straight to the csrc kernel
+    assert len(ref_calls) == 1 and len(python_calls) == 1
 
 
-def test_direct_kernel_errors_and_replace_fbgemm(run_spy):
+def test_direct_kernel_errors_and_replace_fbgemm(python_calls):
     op = "invert_permute"
-    if op not in registry._DIRECT:
+    if op not in _direct_ops():
         pytest.skip("C++ extension not built")
     with ops.use_backend("cpu_kernel", ops=[op], replace_fbgemm=True):
         with pytest.raises(ValueError, match="permute"):
             torch.ops.torchrec_ascend.invert_permute(torch.tensor([0, 5]))
-        assert not run_spy
-        # torch.ops.fbgemm.<op> goes through the registry's Python kernel (which logs the call)
+        assert not python_calls
+        # torch.ops.fbgemm.<op> goes through the registry's Python kernel (which reports the call)
         got = torch.ops.fbgemm.invert_permute(torch.tensor([2, 0, 1]))
-        assert run_spy == [(op, "cpu")]
+        assert python_calls == [(op, "cpu")]
     torch.testing.assert_close(got, torch.tensor([1, 2, 0]))
 
 
+def test_observe_reports_the_backend_of_each_call():
+    seen = []
+    x = torch.tensor([3, 0, 2])
+    with registry.observe(lambda *call: seen.append(call)):
+        with ops.use_backend("reference", ops=["asynchronous_exclusive_cumsum"]):
+            torch.ops.torchrec_ascend.asynchronous_exclusive_cumsum(x)
+    torch.ops.torchrec_ascend.asynchronous_exclusive_cumsum(x)  # not observed any more
+    assert seen == [("asynchronous_exclusive_cumsum", "cpu", "reference")]

@@ -83,9 +83,21 @@ def test_triton_on_cpu_only_when_interpreted(monkeypatch):
     import importlib.util
 
     if importlib.util.find_spec("triton") is None:
-        assert not environment.triton_usable("cpu")
+        assert "cpu" not in environment.read_environment().triton_devices
         return
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert not environment.triton_usable("cpu")
+    assert "cpu" not in environment.read_environment().triton_devices
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert environment.triton_usable("cpu")
+    assert "cpu" in environment.read_environment().triton_devices
+
+
+def test_read_environment_reads_the_variable_and_the_extension(monkeypatch):
+    from torchrec_ascend.ops import extension
+
+    monkeypatch.setenv(environment.ENV_BACKEND, "invert_permute=reference")
+    env = environment.read_environment()
+    assert env.forcing == "invert_permute=reference"
+    assert env.extension is extension.extension()
+    if env.extension is not None:
+        assert "invert_permute" in env.direct_ops
+    assert environment.read_environment(extension=None).direct_ops == frozenset()

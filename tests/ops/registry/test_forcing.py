@@ -29,7 +29,7 @@ def test_rejects_bad_arguments():
 
 def test_replaced_set_is_exactly_the_fbgemm_cpu_ops_and_restored():
     native_cpu = sorted(s.name for s in registry.all_specs()
-                        if s.fbgemm and "CPU" in registry.environment.NATIVE_KEYS[s.name])
+                        if s.fbgemm and "CPU" in registry.fbgemm_keys(s.name))
     assert native_cpu, "fbgemm_gpu loaded but no op with a native CPU kernel recorded"
     assert registry.replaced_fbgemm_ops() == []
     with ops.use_backend("reference", replace_fbgemm=True):

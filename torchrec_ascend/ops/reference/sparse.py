@@ -40,11 +40,6 @@ def rows_2d(lengths: torch.Tensor) -> torch.Tensor:
     return lengths.reshape(lengths.shape[0], width)
 
 
-def _exclusive(lengths: torch.Tensor) -> torch.Tensor:
-    """Exclusive prefix sum (start offset of each segment), in the lengths' dtype."""
-    return (torch.cumsum(lengths, dim=0) - lengths).to(lengths.dtype)
-
-
 def expand_ranges(starts: torch.Tensor, lengths: torch.Tensor,
                   total: Optional[int] = None) -> torch.Tensor:
     """``cat([arange(s, s + n) for s, n in zip(starts, lengths)])`` without a Python loop: the
@@ -55,7 +50,7 @@ def expand_ranges(starts: torch.Tensor, lengths: torch.Tensor,
     seg = torch.repeat_interleave(
         torch.arange(lengths.numel(), device=lengths.device), lengths, output_size=total
     )
-    out_start = _exclusive(lengths)
+    out_start = asynchronous_exclusive_cumsum(lengths)
     return starts.to(torch.int64)[seg] + (torch.arange(total, device=lengths.device) - out_start[seg])
 
 
@@ -64,6 +59,18 @@ def _gather_opt(t: Optional[torch.Tensor], idx: torch.Tensor) -> Optional[torch.
 
 
 # --------------------------------------------------------------------------- permutes
+
+
+def permuted_sources(permute: torch.Tensor, lengths: torch.Tensor, total: Optional[int] = None
+                     ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``permute`` of ``lengths [T_in, ...]`` (a feature per row): their lengths
+    ``[T, width]``, and the source position of every value they hold, in output order."""
+    lengths2 = rows_2d(lengths)
+    perm = permute.to(torch.int64)
+    permuted = lengths2.index_select(0, perm)
+    starts = asynchronous_exclusive_cumsum(lengths2.reshape(-1)).reshape(lengths2.shape)
+    return permuted, expand_ranges(starts.index_select(0, perm).reshape(-1), permuted.reshape(-1),
+                                   total)
 
 
 def permute_2D_sparse_data(
@@ -75,30 +82,18 @@ def permute_2D_sparse_data(
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Reorder the rows (features) of ``lengths [T_in, B]`` by ``permute [T]`` (a subset, with
     repeats allowed) and move each row's values/weights along, as ``fbgemm`` does."""
-    lengths2 = rows_2d(lengths)
-    perm = permute.to(torch.int64)
-    permuted_lengths = lengths2.index_select(0, perm)
-    starts = _exclusive(lengths2.reshape(-1)).reshape(lengths2.shape).index_select(0, perm)
-    src = expand_ranges(starts.reshape(-1), permuted_lengths.reshape(-1), permuted_lengths_sum)
-    out_lengths = permuted_lengths.reshape((perm.numel(),) + tuple(lengths.shape[1:]))
+    permuted_lengths, src = permuted_sources(permute, lengths, permuted_lengths_sum)
+    out_lengths = permuted_lengths.reshape((permute.numel(),) + tuple(lengths.shape[1:]))
     return out_lengths, values.index_select(0, src), _gather_opt(weights, src)
 
 
-def permute_1D_sparse_data(
-    permute: torch.Tensor,
-    lengths: torch.Tensor,
-    values: torch.Tensor,
-    weights: Optional[torch.Tensor] = None,
-    permuted_lengths_sum: Optional[int] = None,
-) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+def permute_1D_sparse_data(permute, lengths, values, weights=None, permuted_lengths_sum=None):
     """Reorder the segments of ``lengths`` (any shape, read flat, as fbgemm) by ``permute``
-    (values/weights follow); the permuted lengths are 1-D."""
-    perm = permute.to(torch.int64)
-    lengths = lengths.reshape(-1)
-    permuted_lengths = lengths.index_select(0, perm)
-    starts = _exclusive(lengths).index_select(0, perm)
-    src = expand_ranges(starts, permuted_lengths, permuted_lengths_sum)
-    return permuted_lengths, values.index_select(0, src), _gather_opt(weights, src)
+    (values/weights follow); the permuted lengths are 1-D.  Arguments and result as
+    :func:`permute_2D_sparse_data`, with one length per segment."""
+    out = permute_2D_sparse_data(permute, lengths.reshape(-1, 1), values, weights,
+                                 permuted_lengths_sum)
+    return (out[0].reshape(-1),) + out[1:]
 
 
 def invert_permute(permute: torch.Tensor) -> torch.Tensor:
@@ -334,7 +329,7 @@ def block_bucketize_sparse_features(
     new_weights = None if weights is None else weights.index_select(0, order)
     new_pos = None
     if bucketize_pos:
-        offsets = _exclusive(lens64)
+        offsets = asynchronous_exclusive_cumsum(lens64)
         in_bag = torch.arange(n, device=dev) - offsets[bag]
         new_pos = in_bag.index_select(0, order).to(indices.dtype)
     unbucketize_permute = None

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from typing import List, Sequence, Tuple
 
-from .choice import choose
-from .spec import DEVICES, all_specs
+from .spec import DEVICES
+from .state import STATE
 
 __all__ = ["describe", "describe_rows"]
 
@@ -14,12 +14,7 @@ __all__ = ["describe", "describe_rows"]
 def describe_rows(devices: Sequence[str] = DEVICES) -> List[Tuple[str, str, str, str]]:
     """(op, device, backend, why) for every registered op and device; ``why`` names the cases a
     partial backend covers (the other calls go to the next backend)."""
-    rows = []
-    for s in all_specs():
-        for dev in devices:
-            backend, why = choose(s.name, dev)
-            rows.append((s.name, dev, backend, why))
-    return rows
+    return [(s.name, dev) + STATE.choose(s.name, dev) for s in STATE.all_specs() for dev in devices]
 
 
 def describe(devices: Sequence[str] = DEVICES, file=None) -> List[Tuple[str, str, str, str]]:

@@ -1,61 +1,100 @@
-"""What is installed here: fbgemm_gpu / fbgemm-ascend, Triton per device, the csrc extension,
-and which dispatch keys fbgemm itself has a kernel for, per op (recorded before we add ours).
+"""What is installed and forced here, read in one place: :func:`read_environment` (fbgemm_gpu /
+fbgemm-ascend, Triton per device, the csrc extension and its direct kernels,
+``$TORCHREC_ASCEND_BACKEND``), and the read-only dispatcher probes of fbgemm's own kernels.
 
-Read-only probes; nothing here registers anything with the dispatcher.
+Nothing here registers anything with the dispatcher or keeps state: the registry reads the
+environment once (:class:`~.state.RegistryState`, and again on ``reload_environment()``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import os
+import types
 import warnings
-from typing import Dict, Optional, Tuple
+from typing import Optional
 
 import torch
 
-__all__ = ["fbgemm_loaded", "fbgemm_state", "has_schema", "native_keys_of", "has_autograd_kernel",
-           "triton_usable", "NATIVE_KEYS", "NATIVE_AUTOGRAD", "DEVICE_KEYS"]
+from .. import extension as _extension
 
-DEVICE_KEYS = {"cpu": "CPU", "cuda": "CUDA", "npu": "PrivateUse1"}
+__all__ = ["ENV_BACKEND", "DEVICE_KEYS", "Environment", "read_environment", "has_schema",
+           "native_keys_of", "has_autograd_kernel"]
+
+ENV_BACKEND = "TORCHREC_ASCEND_BACKEND"
+
+DEVICE_KEYS = types.MappingProxyType({"cpu": "CPU", "cuda": "CUDA", "npu": "PrivateUse1"})
 """Dispatch key of each device type."""
 
-NATIVE_KEYS: Dict[str, frozenset] = {}
-"""fbgemm's own kernels per op, recorded at registration (before we register anything):
-a subset of ``{"CPU", "CUDA", "PrivateUse1"}`` (PrivateUse1: fbgemm-ascend on a real npu)."""
 
-NATIVE_AUTOGRAD: Dict[str, bool] = {}
-"""Per fbgemm op: fbgemm registers an autograd kernel for it (else its CPU kernel differentiates
-by recording the autograd graph of the ops it is made of)."""
+@dataclasses.dataclass(frozen=True)
+class Environment:
+    """What the registry's choice reads, fixed until the next ``reload_environment()``.
 
-_FBGEMM_STATE: Optional[Tuple[bool, bool]] = None
+    Attributes:
+        forcing: the value of ``$TORCHREC_ASCEND_BACKEND`` (``""``: unset).
+        fbgemm: fbgemm_gpu imported.
+        fbgemm_ascend: fbgemm_ascend imported.
+        triton_devices: the device types Triton runs for: cuda with triton, npu with
+            triton-ascend, cpu only under ``TRITON_INTERPRET=1`` (test-only).
+        extension: the compiled ``torchrec_ascend._C`` module, or None.
+        direct_ops: the ops the extension has a direct dispatcher kernel for (csrc/direct.h).
+    """
 
-
-def fbgemm_state() -> Tuple[bool, bool]:
-    """(fbgemm_gpu imported, fbgemm_ascend imported); imported once, on the first call (fbgemm_gpu
-    must load before we define any ``fbgemm::`` schema ourselves)."""
-    global _FBGEMM_STATE
-    if _FBGEMM_STATE is None:
-        loaded = ascend = False
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                importlib.import_module("fbgemm_gpu")
-            loaded = True
-        except Exception:
-            loaded = False
-        try:
-            importlib.import_module("fbgemm_ascend")
-            ascend = True
-        except Exception:
-            ascend = False
-        _FBGEMM_STATE = (loaded, ascend)
-    return _FBGEMM_STATE
+    forcing: str = ""
+    fbgemm: bool = False
+    fbgemm_ascend: bool = False
+    triton_devices: frozenset = frozenset()
+    extension: Optional[types.ModuleType] = None
+    direct_ops: frozenset = frozenset()
 
 
-def fbgemm_loaded() -> bool:
-    """Import fbgemm_gpu if installed; whether it loaded."""
-    return fbgemm_state()[0]
+def _imports(module: str) -> bool:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            importlib.import_module(module)
+        return True
+    except Exception:
+        return False
+
+
+def _triton_devices() -> frozenset:
+    if importlib.util.find_spec("triton") is None:
+        return frozenset()
+    out = set()
+    if os.environ.get("TRITON_INTERPRET", "") == "1":
+        out.add("cpu")
+    from ... import device as _device
+
+    if _device.is_available("cuda"):
+        out.add("cuda")
+    try:  # triton-ascend ships the top-level ``triton`` package with an "npu" backend
+        if "npu" in getattr(importlib.import_module("triton.backends"), "backends", {}):
+            out.add("npu")
+    except Exception:
+        pass
+    return frozenset(out)
+
+
+def read_environment(**overrides) -> Environment:
+    """The :class:`Environment` of this process now (fbgemm_gpu is imported here, before the
+    registry defines any ``fbgemm::`` schema itself); ``overrides`` replace fields (tests)."""
+    ext = _extension.extension()
+    direct = getattr(ext, "direct_ops", None)
+    env = Environment(
+        forcing=os.environ.get(ENV_BACKEND, ""),
+        fbgemm=_imports("fbgemm_gpu"),
+        fbgemm_ascend=_imports("fbgemm_ascend"),
+        triton_devices=_triton_devices(),
+        extension=ext,
+        direct_ops=frozenset(direct()) if direct is not None else frozenset(),
+    )
+    if "extension" in overrides and "direct_ops" not in overrides:
+        overrides["direct_ops"] = env.direct_ops if overrides["extension"] is ext else frozenset()
+    return dataclasses.replace(env, **overrides)
 
 
 def has_schema(qualname: str) -> bool:
@@ -81,24 +120,3 @@ def has_autograd_kernel(qualname: str) -> bool:
         return False
     return any(line.startswith(("Autograd", "CompositeImplicitAutograd"))
                for line in torch._C._dispatch_dump(qualname).splitlines())
-
-
-def triton_usable(device: str) -> bool:
-    """Triton can run here for ``device``: cuda with triton, npu with triton-ascend, cpu only
-    under ``TRITON_INTERPRET=1`` (test-only: never chosen by default on cpu)."""
-    if importlib.util.find_spec("triton") is None:
-        return False
-    if device == "cpu":
-        return os.environ.get("TRITON_INTERPRET", "") == "1"
-    if device == "cuda":
-        from ... import device as _device
-
-        return _device.is_available("cuda")
-    if device == "npu":
-        # triton-ascend ships the top-level ``triton`` package with an "npu" backend
-        try:
-            backends = importlib.import_module("triton.backends")
-            return "npu" in getattr(backends, "backends", {})
-        except Exception:
-            return False
-    return False

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, List, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
-from . import choice, dispatch, environment
-from .spec import BACKENDS, DEVICES, SPECS
+from .choice import Force
+from .spec import BACKENDS, DEVICES
+from .state import STATE
 
-__all__ = ["use_backend", "replaced_fbgemm_ops"]
+__all__ = ["use_backend"]
 
 
 @contextlib.contextmanager
@@ -30,44 +31,22 @@ def use_backend(
         replace_fbgemm: also override fbgemm's own CPU kernels of these ops with ours, so code
             that calls ``torch.ops.fbgemm.<op>`` directly (TorchRec) runs our implementation.
             Only with a non-fbgemm backend.
+
+    Entering and leaving the block rewrites the dispatcher's tables where the choice changes
+    (csrc direct kernels registered or dropped, fbgemm's CPU kernels replaced or given back):
+    put it around a workload, not around each call, and not while another thread runs the ops.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: must be one of {', '.join(BACKENDS)}")
     if ops is not None:
-        unknown = [o for o in ops if o not in SPECS]
+        registered = {s.name for s in STATE.all_specs()}
+        unknown = [o for o in ops if o not in registered]
         if unknown:
-            raise ValueError(f"ops: unknown op(s) {unknown}; registered: {sorted(SPECS)}")
+            raise ValueError(f"ops: unknown op(s) {unknown}; registered: {sorted(registered)}")
     if device is not None and device not in DEVICES:
         raise ValueError(f"device={device!r}: must be one of {', '.join(DEVICES)}")
     if replace_fbgemm and backend == "fbgemm":
         raise ValueError("replace_fbgemm=True needs a backend other than 'fbgemm'")
-    force = choice.Force(backend, frozenset(ops) if ops is not None else None,
-                         frozenset([device]) if device is not None else None)
-    lib = None
-    replaced: List[str] = []
-    with choice.LOCK:
-        choice.FORCE_STACK.append(force)
-        if replace_fbgemm and device in (None, "cpu"):
-            targets = ops if ops is not None else list(SPECS)
-            replaced = [op for op in targets
-                        if SPECS[op].fbgemm and "CPU" in environment.NATIVE_KEYS.get(op, ())
-                        and op not in choice.REPLACED_CPU]
-            lib = dispatch.replace_fbgemm_cpu(replaced)
-            choice.REPLACED_CPU.update(replaced)
-        choice.forcing_changed()
-        dispatch.sync_direct()
-    try:
+    with STATE.forcing(Force(backend, frozenset(ops) if ops is not None else None,
+                             frozenset([device]) if device is not None else None), replace_fbgemm):
         yield
-    finally:
-        with choice.LOCK:
-            if lib is not None:
-                lib._destroy()  # the dispatcher falls back to fbgemm's kernel
-            choice.REPLACED_CPU.difference_update(replaced)
-            choice.FORCE_STACK.remove(force)
-            choice.forcing_changed()
-            dispatch.sync_direct()
-
-
-def replaced_fbgemm_ops() -> List[str]:
-    """fbgemm ops whose CPU kernel is ours right now (inside ``use_backend(replace_fbgemm=True)``)."""
-    return sorted(choice.REPLACED_CPU)

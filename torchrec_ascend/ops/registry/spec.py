@@ -1,16 +1,19 @@
-"""What an op is: :class:`OpSpec` (schema, implementations side by side, fake kernel, autograd
-formula, what fbgemm has), :class:`Limit` (a case a fast backend does not cover), and the table
-of registered specs."""
+"""What an op is (data only): :class:`OpSpec` (schema, implementations side by side, fake kernel,
+autograd formula, what fbgemm has, fbgemm's argument rules and fix-ups) and :class:`Limit` (the
+calls a fast backend covers)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Optional
 
-__all__ = ["BACKENDS", "DEVICES", "Impl", "Limit", "OpSpec", "spec", "all_specs", "SPECS"]
+__all__ = ["BACKENDS", "FBGEMM_BACKENDS", "DEVICES", "Impl", "Limit", "OpSpec"]
 
 BACKENDS = ("fbgemm", "fbgemm_ascend", "triton", "cpu_kernel", "reference")
 """Every backend, in the default preference order (first available wins)."""
+
+FBGEMM_BACKENDS = ("fbgemm", "fbgemm_ascend")
+"""The backends that are fbgemm's own kernel (``torch.ops.fbgemm.<op>``)."""
 
 DEVICES = ("cpu", "cuda", "npu")
 
@@ -54,7 +57,11 @@ class OpSpec:
             (``triton`` / ``cpu_kernel``; ``reference`` covers everything by definition).
         contract: fbgemm's argument rules for the raw op, ``contract(*args)`` raising the error
             class fbgemm raises (ValueError / RuntimeError, naming the argument and the rule);
-            run before every backend but fbgemm's own (csrc direct kernels check in C++).
+            run before the ``reference`` and ``triton`` backends (the csrc kernels check the same
+            rules in C++, fbgemm's kernel its own).
+        fbgemm_fixup: where fbgemm's own kernel serves the op, ``fbgemm_fixup(kernel, args)``
+            calls it and makes the outcome what the other backends give (rows fbgemm leaves
+            uninitialised zeroed, an error worded as ours).
     """
 
     name: str
@@ -70,6 +77,7 @@ class OpSpec:
     decomposes_in_fbgemm: bool = False
     limits: Dict[str, Limit] = dataclasses.field(default_factory=dict)
     contract: Optional[Callable[..., None]] = None
+    fbgemm_fixup: Optional[Callable[[Impl, tuple], object]] = None
 
     def validate(self) -> None:
         """Reject a spec that cannot be registered (ValueError naming the field)."""
@@ -79,20 +87,3 @@ class OpSpec:
             if backend not in ("triton", "cpu_kernel"):
                 raise ValueError(f"op {self.name!r}: limits[{backend!r}]: only the triton and "
                                  "cpu_kernel backends may cover part of an op's cases")
-
-
-SPECS: Dict[str, OpSpec] = {}
-"""Every registered op, in registration order (filled by :func:`..register`)."""
-
-
-def spec(name: str) -> OpSpec:
-    """The :class:`OpSpec` of a registered op."""
-    try:
-        return SPECS[name]
-    except KeyError:
-        raise KeyError(f"op {name!r} is not registered; registered: {sorted(SPECS)}") from None
-
-
-def all_specs() -> List[OpSpec]:
-    """Every registered op, in registration order."""
-    return list(SPECS.values())

@@ -20,9 +20,9 @@ import torch
 
 from .._util import triton_impl
 from ..reference import jagged as ref
-from ..registry import Limit, OpSpec, choose, register
+from ..registry import Limit, OpSpec, register
 
-__all__ = ["SPECS", "OP_NAMES", "register_all", "zero_past_max_L"]
+__all__ = ["SPECS", "OP_NAMES", "register_all"]
 
 _ops = torch.ops.torchrec_ascend
 
@@ -289,14 +289,29 @@ def jagged_dense_dense_elementwise_add_jagged_output(x_values, x_offsets, y_0, y
 # --------------------------------------------------------------------------- softmax
 
 
-def zero_past_max_L(op: str, t: torch.Tensor, offsets: torch.Tensor, max_L: int) -> torch.Tensor:
-    """fbgemm's softmax kernels leave the rows past ``max_L`` uninitialised; where fbgemm runs
-    ``op``, set them to 0 (the value every other backend writes)."""
-    device = t.device.type
-    if device not in ("cpu", "cuda") or choose(op, device)[0] != "fbgemm":
-        return t
+def _zero_past_max_L(t: torch.Tensor, offsets: torch.Tensor, max_L: int) -> torch.Tensor:
     _, pos = ref.jagged_rows(offsets, t.shape[0])
     return t.masked_fill((pos >= max_L).unsqueeze(1), 0)
+
+
+# fbgemm's softmax kernels leave the rows past max_L uninitialised: where fbgemm serves one of
+# the softmax ops, the registry runs its fix-up, which sets them to 0 (what our backends write)
+
+
+def jagged_softmax_forward_fbgemm_fixup(kernel, args):
+    values, x_offsets, max_L = args
+    return _zero_past_max_L(kernel(*args), x_offsets, max_L)
+
+
+def jagged_softmax_fbgemm_fixup(kernel, args):
+    values, x_offsets, max_L = args
+    out, offsets = kernel(*args)
+    return _zero_past_max_L(out, x_offsets, max_L), offsets
+
+
+def jagged_softmax_backward_fbgemm_fixup(kernel, args):
+    grad_output, output, x_offsets, max_L = args
+    return _zero_past_max_L(kernel(*args), x_offsets, max_L)
 
 
 def jagged_softmax_setup_context(ctx, inputs, output):
@@ -308,9 +323,7 @@ def jagged_softmax_setup_context(ctx, inputs, output):
 
 def jagged_softmax_backward(ctx, grad, *_grad_offsets):
     (out,) = ctx.saved_tensors
-    grad_values = _ops.jagged_softmax_backward(grad, out, ctx.offsets, ctx.max_L)
-    grad_values = zero_past_max_L("jagged_softmax_backward", grad_values, ctx.offsets, ctx.max_L)
-    return grad_values, None, None
+    return _ops.jagged_softmax_backward(grad, out, ctx.offsets, ctx.max_L), None, None
 
 
 def jagged_softmax(values, x_offsets, max_L):
@@ -645,6 +658,7 @@ SPECS: List[OpSpec] = [
         fake=jagged_softmax_forward_fake,
         backward=jagged_softmax_backward,
         setup_context=jagged_softmax_setup_context,
+        fbgemm_fixup=jagged_softmax_forward_fbgemm_fixup,
         fbgemm=True,
     ),
     OpSpec(
@@ -654,6 +668,7 @@ SPECS: List[OpSpec] = [
         cpu_kernel="jagged_softmax_backward",
         triton=triton_impl("jagged", "jagged_softmax_backward"),
         fake=jagged_softmax_backward_fake,
+        fbgemm_fixup=jagged_softmax_backward_fbgemm_fixup,
         fbgemm=True,
     ),
     OpSpec(
@@ -664,6 +679,7 @@ SPECS: List[OpSpec] = [
         fake=jagged_softmax_fake,
         backward=jagged_softmax_backward,
         setup_context=jagged_softmax_setup_context,
+        fbgemm_fixup=jagged_softmax_fbgemm_fixup,
         fbgemm=True,
     ),
     # batched GEMMs

@@ -128,6 +128,21 @@ def block_bucketize_sparse_features_contract(lengths, indices, bucketize_pos, se
                                f"must be a multiple of my_size ({int(my_size)})")
 
 
+def bounds_check_indices_fbgemm_fixup(kernel, args):
+    """fbgemm's FATAL error does not name the bad offset or id: where fbgemm's kernel rejects a
+    FATAL call (it modifies nothing then), the reference check raises our ValueError naming it."""
+    try:
+        return kernel(*args)
+    except RuntimeError:
+        if int(args[3]) not in (ref.FATAL, ref.V2_FATAL):
+            raise
+        try:
+            ref.bounds_check_indices(*args)
+        except ValueError as ours:
+            raise ours from None
+        raise
+
+
 # --------------------------------------------------------------------------- autograd formulas
 # Gradients flow to the float inputs (values / weights / pooled embeddings); the integer
 # structure (lengths, offsets, permutes) gets None.
@@ -155,17 +170,9 @@ def permute_1D_sparse_data_setup_context(ctx, inputs, output):
     _permute_setup(ctx, inputs, inputs[1].reshape(-1, 1))  # every entry is a segment
 
 
-def _permuted_value_sources(ctx, grad_values):
-    permute, lengths = ctx.saved_tensors
-    lengths2 = ref.rows_2d(lengths)
-    perm = permute.to(torch.int64)
-    starts = ref._exclusive(lengths2.reshape(-1)).reshape(lengths2.shape).index_select(0, perm)
-    return ref.expand_ranges(starts.reshape(-1), lengths2.index_select(0, perm).reshape(-1),
-                             grad_values.shape[0])
-
-
 def permute_sparse_data_backward(ctx, grad_lengths, grad_values, grad_weights):
-    src = _permuted_value_sources(ctx, grad_values)
+    permute, lengths = ctx.saved_tensors
+    _, src = ref.permuted_sources(permute, lengths, grad_values.shape[0])
     gw = None if ctx.n_weights is None else _scatter_back(grad_weights, src, ctx.n_weights)
     return None, None, _scatter_back(grad_values, src, ctx.n_values), gw, None
 
@@ -315,6 +322,7 @@ SPECS: List[OpSpec] = [
         reference=ref.bounds_check_indices,
         cpu_kernel="bounds_check_indices",
         fake=bounds_check_indices_fake,
+        fbgemm_fixup=bounds_check_indices_fbgemm_fixup,
         fbgemm=True,
     ),
     OpSpec(
