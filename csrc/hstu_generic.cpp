@@ -198,18 +198,20 @@ struct BlasEngine {
       for (int64_t c = 0; c < rows; ++c) dst[i * ldd + c] = C[c * ldc + i] * scale;
   }
 
-  static void bias_rows(int64_t m, int64_t w, const T* pos, int64_t p0, const T* ts_w, const Bucketer* bk,
-                        const int64_t* a, const int64_t* bv, T* out, int64_t ld, int32_t* /*ids*/ = nullptr) {
+  static void bias_rows(int64_t m, int64_t w, const int64_t* lim, const T* pos, int64_t p0, const T* ts_w,
+                        const Bucketer* bk, const int64_t* a, const int64_t* bv, T* out, int64_t ld,
+                        BucketRuns* /*runs*/) {
     for (int64_t r = 0; r < m; ++r) {
       T* o = out + r * ld;
-      if (pos) std::memcpy(o, pos + (p0 - r), w * sizeof(T)); else std::fill(o, o + w, T(0));
+      const int64_t e = lim ? std::min(lim[r], w) : w;
+      if (pos) std::memcpy(o, pos + (p0 - r), e * sizeof(T)); else std::fill(o, o + e, T(0));
       if (ts_w)
-        for (int64_t c = 0; c < w; ++c) o[c] += ts_w[(*bk)(a[r] - bv[c])];
+        for (int64_t c = 0; c < e; ++c) o[c] += ts_w[(*bk)(a[r] - bv[c])];
     }
   }
 
   static void table_grads(int64_t m, int64_t w, const T* G, int64_t ld, double* dpos, int64_t p0, double* dts,
-                          const Bucketer* bk, const int64_t* a, const int64_t* bv, const int32_t* /*ids*/,
+                          const Bucketer* bk, const int64_t* a, const int64_t* bv, const BucketRuns* /*runs*/,
                           double scale) {
     for (int64_t r = 0; r < m; ++r) {
       const T* g = G + r * ld;
@@ -251,7 +253,7 @@ struct BlasEngine {
   // columns [w, wp) zero.
   static void silu_bwd(int64_t m, int64_t mk, int64_t w, int64_t wp, const T* S, const T* dP, int64_t ld,
                        const T* bias, int64_t ldbias, int64_t j0, int64_t i0, const int64_t* e, T alpha, T* PA,
-                       T* dSA, int64_t lda, T* /*dSB: = dSA*/, int64_t /*ldb*/, T* G) {
+                       T* dSA, int64_t lda, T* /*dSB: = dSA*/, int64_t /*ldb*/, T* G, int64_t ldg) {
     T ok[kBwdRows];
     for (int64_t r = 0; r < m; ++r) {
       const int64_t j = j0 + r;
@@ -272,7 +274,7 @@ struct BlasEngine {
         }
       }
       for (int64_t c = w; c < wp; ++c) p[c] = ds[c] = T(0);
-      if (G) std::memcpy(G + r * ld, ds, w * sizeof(T));
+      if (G) std::memcpy(G + r * ldg, ds, w * sizeof(T));
     }
     for (int64_t r = m; r < mk; ++r) {
       std::memset(PA + r * lda, 0, wp * sizeof(T));

@@ -144,82 +144,201 @@ inline __mmask16 first_lanes(int64_t k) {
   return k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (k < 0 ? 0 : k)) - 1u);
 }
 
-// out(r, c) = pos[p0 - r + c] + ts_w[bucket(a[r] - b[c])], c < w (columns [w, round_up(w, 16))
-// are written as 0); ids (when given) receive the buckets
-void bias_rows_avx512(int64_t m, int64_t w, const float* pos, int64_t p0, const float* ts_w, const Bucketer* bk,
-                      const int64_t* a, const int64_t* b, float* out, int64_t ld, int32_t* ids) {
-  for (int64_t r = 0; r < m; ++r) {
-    float* o = out + r * ld;
-    int32_t* id = ids ? ids + r * ld : nullptr;
-    for (int64_t c = 0; c < w; c += 16) {
-      const __mmask16 live = first_lanes(w - c);
-      __m512 x = pos ? _mm512_maskz_loadu_ps(live, pos + (p0 - r + c)) : _mm512_setzero_ps();
-      if (ts_w) {
-        const __m512i bi = buckets16(a[r], b + c, live, *bk);
-        x = _mm512_add_ps(x, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, bi, ts_w, 4));
-        if (id) _mm512_storeu_si512(id + c, bi);
+// ---------------------------------------------------------------------------- time bias of a tile
+//
+// With sorted timestamps (the usual case: a user's events in time order) a - b_c is monotone in
+// both the row (a non-decreasing) and the column (b non-decreasing), so over a group of 16
+// columns and all rows of a tile |a - b| is extreme at the group's corners when it keeps one
+// sign there.  Each group is then one of: constant (one bucket at all four corners: most groups
+// away from the diagonal), narrow (its buckets span at most kNarrow + 1 values: a lane's bucket is
+// the count of thresholds it passes, a few compares), or general (the vector bucketer and a
+// gather; also every group of unsorted timestamps).
+
+constexpr int kNarrow = 3;
+constexpr int64_t kRowSub = 16;  // rows of a classified group
+
+inline bool non_decreasing(const int64_t* x, int64_t n) {
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] < x[i - 1]) return false;
+  return true;
+}
+
+// |a - b[c]| for 16 lanes as two 8-lane int64 halves
+inline void abs_dt16(int64_t a, const int64_t* b, __mmask16 live, __m512i& d0, __m512i& d1) {
+  const __m512i av = _mm512_set1_epi64(a);
+  d0 = _mm512_abs_epi64(_mm512_sub_epi64(av, _mm512_maskz_loadu_epi64(static_cast<__mmask8>(live), b)));
+  d1 = _mm512_abs_epi64(_mm512_sub_epi64(av, _mm512_maskz_loadu_epi64(static_cast<__mmask8>(live >> 8), b + 8)));
+}
+// lanes with |a - b| >= t
+inline __mmask16 at_least(const __m512i& d0, const __m512i& d1, int64_t t) {
+  const __m512i tv = _mm512_set1_epi64(t);
+  return static_cast<__mmask16>(_mm512_cmpge_epi64_mask(d0, tv) | (static_cast<unsigned>(_mm512_cmpge_epi64_mask(d1, tv)) << 8));
+}
+
+// The classification of the 16-column groups of a tile, kept for the tables' gradients
+struct GroupKinds {
+  static constexpr int8_t kConst = 0, kNarrowKind = 1, kGeneral = 2;
+};
+
+// out(r, c) = pos[p0 - r + c] + ts_w[bucket(a[r] - b[c])] for c < lim[r] (lim null: w); with
+// `runs`, each group's kind and buckets are kept (and the ids of general groups)
+// bucket(x) when it is likely `hint` (two compares), else the bucketer
+inline int64_t bucket_hinted(const Bucketer& bk, int64_t x, int64_t hint) {
+  const int64_t ax = x < 0 ? -x : x;
+  if (hint >= 0 && hint <= bk.nb && ax >= bk.th[hint] && (hint == bk.nb || ax < bk.th[hint + 1])) return hint;
+  return bk(x);
+}
+
+// Classifies the groups (16 rows x 16 columns) of rows [r0, r0 + mr) x columns [0, w): kind and
+// bucket range per group into kind[g], kmin[g], kmax[g]
+void classify_groups(int64_t mr, int64_t w, const Bucketer& bk, const int64_t* a, const int64_t* b, bool sorted,
+                     int64_t groups, int8_t* kind, int32_t* kmin, int32_t* kmax) {
+  int64_t hlo = -1, hhi = -1;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t c0 = 16 * g, c1 = imin(c0 + 16, w);
+    kind[g] = GroupKinds::kGeneral;
+    kmin[g] = kmax[g] = 0;
+    if (!sorted) continue;
+    // a - b rises with the row and falls with the column: its extremes over the group are at
+    // (first row, last column) and (last row, first column)
+    const int64_t lo = a[0] - b[c1 - 1], hi = a[mr - 1] - b[c0];
+    if (lo < 0 && hi > 0) continue;  // changes sign inside
+    const int64_t k1 = bucket_hinted(bk, lo, hlo), k2 = bucket_hinted(bk, hi, hhi);
+    hlo = k1;
+    hhi = k2;
+    kmin[g] = static_cast<int32_t>(imin(k1, k2));
+    kmax[g] = static_cast<int32_t>(imax(k1, k2));
+    kind[g] = k1 == k2 ? GroupKinds::kConst : (kmax[g] - kmin[g] <= kNarrow ? GroupKinds::kNarrowKind : GroupKinds::kGeneral);
+  }
+}
+
+void bias_rows_avx512(int64_t m, int64_t w, const int64_t* lim, const float* pos, int64_t p0, const float* ts_w,
+                      const Bucketer* bk, const int64_t* a, const int64_t* b, float* out, int64_t ld,
+                      BucketRuns* runs) {
+  const bool sorted = ts_w && m > 0 && non_decreasing(a, m) && non_decreasing(b, w);
+  const int64_t gmax = (w + 15) / 16;
+  Scratch<int32_t> own;
+  if (!runs) own.get(3 * gmax + 1);
+  for (int64_t r0 = 0; r0 < m; r0 += kRowSub) {
+    const int64_t mr = imin(kRowSub, m - r0);
+    int64_t lmax = 0;
+    for (int64_t r = r0; r < r0 + mr; ++r) lmax = imax(lmax, lim ? imin(lim[r], w) : w);
+    const int64_t groups = (lmax + 15) / 16;
+    int8_t* kind = runs ? runs->kind + (r0 / kRowSub) * runs->gld : reinterpret_cast<int8_t*>(own.p);
+    int32_t* kmin = runs ? runs->kmin + (r0 / kRowSub) * runs->gld : own.p + gmax;
+    int32_t* kmax = runs ? runs->kmax + (r0 / kRowSub) * runs->gld : own.p + 2 * gmax;
+    if (ts_w) classify_groups(mr, w, *bk, a + r0, b, sorted, groups, kind, kmin, kmax);
+    for (int64_t r = r0; r < r0 + mr; ++r) {
+      const int64_t e = lim ? imin(lim[r], w) : w;
+      const float* pr = pos ? pos + (p0 - r) : nullptr;
+      float* o = out + r * ld;
+      for (int64_t g = 0, c0 = 0; c0 < e; ++g, c0 += 16) {
+        const __mmask16 live = first_lanes(e - c0);
+        __m512 x = pr ? _mm512_maskz_loadu_ps(live, pr + c0) : _mm512_setzero_ps();
+        if (ts_w) {
+          const int8_t kd = kind[g];
+          if (kd == GroupKinds::kConst) {
+            x = _mm512_add_ps(x, _mm512_set1_ps(ts_w[kmin[g]]));
+          } else if (kd == GroupKinds::kNarrowKind) {
+            __m512i d0, d1;
+            abs_dt16(a[r], b + c0, live, d0, d1);
+            __m512 tv = _mm512_set1_ps(ts_w[kmin[g]]);
+            for (int64_t k = kmin[g] + 1; k <= kmax[g]; ++k)
+              tv = _mm512_mask_mov_ps(tv, at_least(d0, d1, bk->th[k]), _mm512_set1_ps(ts_w[k]));
+            x = _mm512_add_ps(x, tv);
+          } else {
+            const __m512i bi = buckets16(a[r], b + c0, live, *bk);
+            x = _mm512_add_ps(x, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, bi, ts_w, 4));
+            if (runs) _mm512_mask_storeu_epi32(runs->ids + r * runs->ld + c0, live, bi);
+          }
+        }
+        _mm512_mask_storeu_ps(o + c0, live, x);
       }
-      _mm512_storeu_ps(o + c, x);
     }
   }
 }
 
-// dpos[p0 + r - c] += scale G(r, c); dts[ids(r, c)] += scale G(r, c) (rows r < m, columns c < w;
-// G is 0 where masked).  The diagonals of the tile are summed in fp32 first (at most m terms
-// each), in four copies taken by row in turn so that consecutive rows' overlapping windows do not
-// wait on each other's stores; the bucket histogram likewise in four copies by column.
+// dpos[p0 + r - c] += scale G(r, c) and dts[bucket(r, c)] += scale G(r, c) over rows r < m and
+// columns c < w (G is 0 where masked; the buckets as bias_rows classified them).  The diagonals
+// are summed in fp32 first, in four copies taken by row in turn (consecutive rows' windows
+// overlap: one copy would make each row wait on the previous row's stores); the buckets per group:
+// one sum for a constant group, a masked sum per bucket for a narrow one, a histogram (four
+// copies) for a general one.
 void table_grads_avx512(int64_t m, int64_t w, const float* G, int64_t ld, double* dpos, int64_t p0, double* dts,
-                        int64_t nts, const int32_t* ids, double scale) {
+                        const Bucketer* bk, const int64_t* a, const int64_t* b, const BucketRuns* runs,
+                        double scale) {
   if (dpos) {
-    const int64_t span = m + w + 16;
-    alignas(64) float diag[4][kBwdKeys + kBwdRows + 32];
-    for (int x = 0; x < 4; ++x) std::memset(diag[x], 0, span * sizeof(float));
+    const int64_t span = m + w + 32;
+    Scratch<float> buf;
+    float* diag = buf.zeroed(4 * span);
     const __m512i rev = _mm512_set_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    // element (r, c) -> diag[(w - 1) + r - c]; 16 columns c0.. map to the reversed window
-    // starting at (w - 1) + r - (c0 + 15)
+    // element (r, c) -> diag[16 + (w - 1) + r - c]; 16 columns c0.. map to the reversed window
+    // starting at 16 + (w - 1) + r - (c0 + 15)
     for (int64_t r = 0; r < m; ++r) {
-      float* d = diag[r & 3];
+      float* d = diag + (r & 3) * span;
       const float* g = G + r * ld;
       for (int64_t c0 = 0; c0 < w; c0 += 16) {
         const __mmask16 live = first_lanes(w - c0);
         const __m512 gv = _mm512_permutexvar_ps(rev, _mm512_maskz_loadu_ps(live, g + c0));
-        // lane l of gv is column c0 + 15 - l: window start (w - 1) + r - c0 - 15 (+ 16 offset)
         float* dst = d + (w - 1) + r - c0 - 15 + 16;
         _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_loadu_ps(dst), gv));
       }
     }
-    // diag[x + 16] is the diagonal r - c = x - (w - 1): index p0 + x - (w - 1) of dpos
     for (int64_t x = 0; x < m + w - 1; ++x) {
-      const float s = diag[0][x + 16] + diag[1][x + 16] + diag[2][x + 16] + diag[3][x + 16];
+      const float s = diag[x + 16] + diag[span + x + 16] + diag[2 * span + x + 16] + diag[3 * span + x + 16];
       if (s != 0.0f) dpos[p0 + x - (w - 1)] += static_cast<double>(s) * scale;
     }
   }
   if (dts) {
-    float hist[4 * 160];
-    const int64_t stride = nts <= 160 ? 160 : nts;
-    float* hp = nts <= 160 ? hist : static_cast<float*>(std::malloc(4 * nts * sizeof(float)));
-    if (hp == nullptr) throw std::bad_alloc();
-    std::memset(hp, 0, 4 * stride * sizeof(float));
-    for (int64_t r = 0; r < m; ++r) {
-      const float* g = G + r * ld;
-      const int32_t* id = ids + r * ld;
-      int64_t c = 0;
-      for (; c + 4 <= w; c += 4) {
-        hp[id[c]] += g[c];
-        hp[stride + id[c + 1]] += g[c + 1];
-        hp[2 * stride + id[c + 2]] += g[c + 2];
-        hp[3 * stride + id[c + 3]] += g[c + 3];
+    const int64_t nts = bk->nb + 1, stride = round_up(nts, 16);
+    Scratch<float> hbuf;
+    float* hp = hbuf.zeroed(4 * stride);
+    for (int64_t r0 = 0; r0 < m; r0 += kRowSub) {
+      const int64_t mr = imin(kRowSub, m - r0);
+      const int8_t* kinds = runs->kind + (r0 / kRowSub) * runs->gld;
+      const int32_t* kmins = runs->kmin + (r0 / kRowSub) * runs->gld;
+      const int32_t* kmaxs = runs->kmax + (r0 / kRowSub) * runs->gld;
+      for (int64_t c0 = 0, g = 0; c0 < w; c0 += 16, ++g) {
+        const __mmask16 live = first_lanes(w - c0);
+        const int8_t kind = kinds[g];
+        const int64_t kmin = kmins[g], kmax = kmaxs[g];
+        if (kind == GroupKinds::kConst) {
+          __m512 acc = _mm512_setzero_ps();
+          for (int64_t r = r0; r < r0 + mr; ++r) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(live, G + r * ld + c0));
+          hp[kmin] += _mm512_reduce_add_ps(acc);
+        } else if (kind == GroupKinds::kNarrowKind) {
+          __m512 acc[kNarrow + 1];
+          for (int k = 0; k <= kNarrow; ++k) acc[k] = _mm512_setzero_ps();
+          for (int64_t r = r0; r < r0 + mr; ++r) {
+            const __m512 gv = _mm512_maskz_loadu_ps(live, G + r * ld + c0);
+            __m512i d0, d1;
+            abs_dt16(a[r], b + c0, live, d0, d1);
+            // acc_k: the lanes at bucket >= kmin + k; bucket kmin + k gets acc_k - acc_{k+1}
+            acc[0] = _mm512_add_ps(acc[0], gv);
+            for (int64_t k = kmin + 1; k <= kmax; ++k)
+              acc[k - kmin] = _mm512_mask_add_ps(acc[k - kmin], at_least(d0, d1, bk->th[k]), acc[k - kmin], gv);
+          }
+          float prev = 0.0f;
+          for (int64_t k = kmax; k >= kmin; --k) {
+            const float sk = _mm512_reduce_add_ps(acc[k - kmin]);
+            hp[k] += sk - prev;
+            prev = sk;
+          }
+        } else {
+          for (int64_t r = r0; r < r0 + mr; ++r) {
+            const float* gr = G + r * ld;
+            const int32_t* id = runs->ids + r * runs->ld;
+            for (int64_t c = c0; c < imin(c0 + 16, w); ++c) hp[((c & 3) * stride) + id[c]] += gr[c];
+          }
+        }
       }
-      for (; c < w; ++c) hp[id[c]] += g[c];
     }
     for (int64_t x = 0; x < nts; ++x) {
       const float s = hp[x] + hp[stride + x] + hp[2 * stride + x] + hp[3 * stride + x];
       if (s != 0.0f) dts[x] += static_cast<double>(s) * scale;
     }
-    if (hp != hist) std::free(hp);
   }
 }
-
 
 // ============================================================================ transposes
 
@@ -432,14 +551,15 @@ struct F32Avx512 {
       }
   }
 
-  static void bias_rows(int64_t m, int64_t w, const float* pos, int64_t p0, const float* ts_w, const Bucketer* bk,
-                        const int64_t* a, const int64_t* b, float* out, int64_t ld, int32_t* ids = nullptr) {
-    bias_rows_avx512(m, w, pos, p0, ts_w, bk, a, b, out, ld, ids);
+  static void bias_rows(int64_t m, int64_t w, const int64_t* lim, const float* pos, int64_t p0, const float* ts_w,
+                        const Bucketer* bk, const int64_t* a, const int64_t* b, float* out, int64_t ld,
+                        BucketRuns* runs) {
+    bias_rows_avx512(m, w, lim, pos, p0, ts_w, bk, a, b, out, ld, runs);
   }
   static void table_grads(int64_t m, int64_t w, const float* G, int64_t ld, double* dpos, int64_t p0, double* dts,
-                          const Bucketer* bk, const int64_t* /*a*/, const int64_t* /*b*/, const int32_t* ids,
+                          const Bucketer* bk, const int64_t* a, const int64_t* b, const BucketRuns* runs,
                           double scale) {
-    table_grads_avx512(m, w, G, ld, dpos, p0, dts, dts ? bk->nb + 1 : 0, ids, scale);
+    table_grads_avx512(m, w, G, ld, dpos, p0, dts, bk, a, b, runs, scale);
   }
 
   static void silu_fwd(int64_t m, int64_t w, int64_t wp, const float* S, int64_t lds, const float* bias,
@@ -455,7 +575,7 @@ struct F32Avx512 {
 
   static void silu_bwd(int64_t m, int64_t mk, int64_t w, int64_t wp, const float* S, const float* dP, int64_t ld,
                        const float* bias, int64_t ldbias, int64_t j0, int64_t i0, const int64_t* e, float alpha,
-                       float* PA, float* dSA, int64_t lda, float* /*dSB*/, int64_t /*ldb*/, float* G) {
+                       float* PA, float* dSA, int64_t lda, float* /*dSB*/, int64_t /*ldb*/, float* G, int64_t ldg) {
     const __m512 av = _mm512_set1_ps(alpha);
     for (int64_t r = 0; r < mk; ++r)
       for (int64_t c = 0; c < wp; c += 16) {
@@ -465,7 +585,7 @@ struct F32Avx512 {
                           p, ds);
         _mm512_storeu_ps(PA + r * lda + c, p);
         _mm512_storeu_ps(dSA + r * lda + c, ds);
-        if (G && r < m) _mm512_storeu_ps(G + r * ld + c, ds);
+        if (G && r < m) _mm512_mask_storeu_ps(G + r * ldg + c, first_lanes(w - c), ds);
       }
   }
 };
@@ -566,14 +686,15 @@ struct Bf16Common {
       }
   }
 
-  static void bias_rows(int64_t m, int64_t w, const float* pos, int64_t p0, const float* ts_w, const Bucketer* bk,
-                        const int64_t* a, const int64_t* b, float* out, int64_t ld, int32_t* ids = nullptr) {
-    bias_rows_avx512(m, w, pos, p0, ts_w, bk, a, b, out, ld, ids);
+  static void bias_rows(int64_t m, int64_t w, const int64_t* lim, const float* pos, int64_t p0, const float* ts_w,
+                        const Bucketer* bk, const int64_t* a, const int64_t* b, float* out, int64_t ld,
+                        BucketRuns* runs) {
+    bias_rows_avx512(m, w, lim, pos, p0, ts_w, bk, a, b, out, ld, runs);
   }
   static void table_grads(int64_t m, int64_t w, const float* G, int64_t ld, double* dpos, int64_t p0, double* dts,
-                          const Bucketer* bk, const int64_t* /*a*/, const int64_t* /*b*/, const int32_t* ids,
+                          const Bucketer* bk, const int64_t* a, const int64_t* b, const BucketRuns* runs,
                           double scale) {
-    table_grads_avx512(m, w, G, ld, dpos, p0, dts, dts ? bk->nb + 1 : 0, ids, scale);
+    table_grads_avx512(m, w, G, ld, dpos, p0, dts, bk, a, b, runs, scale);
   }
 
   // P rows (bf16, A layout), 32 columns at a time (wp is a multiple of 32)
@@ -595,7 +716,7 @@ struct Bf16Common {
   // key rows in pairs (the VNNI copy of dS^T interleaves them), 32 query columns at a time
   static void silu_bwd(int64_t m, int64_t mk, int64_t w, int64_t wp, const float* S, const float* dP, int64_t ld,
                        const float* bias, int64_t ldbias, int64_t j0, int64_t i0, const int64_t* e, float alpha,
-                       bf16_t* PA, bf16_t* dSA, int64_t lda, bf16_t* dSB, int64_t ldb_, float* G) {
+                       bf16_t* PA, bf16_t* dSA, int64_t lda, bf16_t* dSB, int64_t ldb_, float* G, int64_t ldg) {
     const __m512 av = _mm512_set1_ps(alpha);
     const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
                                             6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
@@ -611,7 +732,7 @@ struct Bf16Common {
             const __mmask16 ok = rr < m ? bwd_mask(j0 + rr, i0, cc, w, e) : 0;
             silu_bwd16<true>(S + rr * ld + cc, dP + rr * ld + cc, bias && rr < m ? bias + rr * ldbias + cc : nullptr,
                              av, ok, p[u][h], ds[u][h]);
-            if (G && rr < m) _mm512_storeu_ps(G + rr * ld + cc, ds[u][h]);
+            if (G && rr < m) _mm512_mask_storeu_ps(G + rr * ldg + cc, first_lanes(w - cc), ds[u][h]);
           }
           _mm512_storeu_si512(PA + rr * lda + c, f32x32_to_bf16(p[u][0], p[u][1]));
           _mm512_storeu_si512(dSA + rr * lda + c, f32x32_to_bf16(ds[u][0], ds[u][1]));
