@@ -23,6 +23,8 @@ import sys
 import time
 from typing import Dict, List
 
+import torch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 if REPO not in sys.path:
@@ -46,7 +48,7 @@ def main() -> int:
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
 
     from torchrec_ascend import device as _device
-    from torchrec_ascend.ops.hstu import cpu_bf16_gemm
+    from torchrec_ascend.ops.hstu import cpu_engine
 
     got = sample_split(steps)
     if got is None:
@@ -82,7 +84,7 @@ def main() -> int:
         "mean_valid": mean, "valid": valid, "rel_diff_per_seed": per_seed,
         "fp32_seed_spread": spread, "runs": rows,
         "gemm_capability": _device.gemm_capability("cpu").as_dict(),
-        "hstu_kernel_bf16_gemm": cpu_bf16_gemm(),
+        "hstu_cpu_engines": {"float32": cpu_engine(torch.float32), "bfloat16": cpu_engine(torch.bfloat16)},
         "config": run_description(steps, seeds, args.quick),
         "seconds": round(time.perf_counter() - t0, 1)})
     print(f"wrote {path}")

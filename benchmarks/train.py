@@ -49,7 +49,7 @@ from benchmarks.common import heavy_tailed_lengths, print_table, write_json  # n
 from benchmarks.train_breakdown import OffsetsRecorder, StageTimes, breakdown  # noqa: E402
 from torchrec_ascend.datasets import Sequences  # noqa: E402
 from torchrec_ascend.device import dtype_name, measure_gemm_gflops  # noqa: E402
-from torchrec_ascend.ops.hstu import cpu_bf16_gemm  # noqa: E402
+from torchrec_ascend.ops.hstu import cpu_engine  # noqa: E402
 from torchrec_ascend.training import Trainer, config_from_dict, leave_two_out  # noqa: E402
 from torchrec_ascend.training.distributed import init_distributed  # noqa: E402
 
@@ -246,7 +246,9 @@ def main() -> None:
     print_table([{"config": r["config"], "model": r["model"], "dtype": r["dtype"],
                   **{k: round(v, 1) for k, v in r["breakdown_ms"].items()}} for r in rows])
     path = write_json("train", {"quick": args.quick, "threads": torch.get_num_threads(),
-                                "hstu_bf16_gemm_kernel": cpu_bf16_gemm(), "configs": configs,
+                                "hstu_cpu_engines": {"float32": cpu_engine(torch.float32),
+                                                     "bfloat16": cpu_engine(torch.bfloat16)},
+                                "configs": configs,
                                 "rows": rows})
     print(f"wrote {path}")
     if env.created:

@@ -156,18 +156,19 @@ Choice measure(Dtype d, const Choice* fp32) {
 Choice chosen_engine(Dtype d) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
+  // a choice goes stale when its engine stops being usable (tests cap the ISA: csrc/isa.h)
+  auto stale = [&](int i) { return !s.chosen[i] || (!s.choice[i].widen && !engine_usable(s.choice[i].engine)); };
+  if (stale(0)) {  // fp32: also what widened bf16 runs on
+    s.choice[0] = measure(Dtype::kFloat, nullptr);
+    s.chosen[0] = true;
+  }
   const int i = slot(d);
-  const bool stale = s.chosen[i] && !engine_usable(s.choice[i].engine);  // e.g. the ISA cap moved
-  if (!s.chosen[i] || stale) {
-    if (d == Dtype::kBFloat16 && (!s.chosen[0] || !engine_usable(s.choice[0].engine))) {
-      s.choice[0] = measure(Dtype::kFloat, nullptr);
-      s.chosen[0] = true;
-    }
-    s.choice[i] = measure(d, &s.choice[0]);
-    s.chosen[i] = true;
+  if (i == 1 && stale(1)) {
+    s.choice[1] = measure(d, &s.choice[0]);
+    s.chosen[1] = true;
   }
   Choice c = s.choice[i];
-  if (d == Dtype::kBFloat16 && c.widen) c.engine = s.choice[0].engine;
+  if (c.widen) c.engine = s.choice[0].engine;
   return c;
 }
 
