@@ -233,7 +233,10 @@ hstu::Dtype dtype_arg(const std::string& name) {
 }
 }  // namespace
 
+void bind_hstu_layer(pybind11::module& m);  // csrc/hstu_layer.cpp
+
 void bind_hstu(pybind11::module& m) {
+  bind_hstu_layer(m);
   m.def("hstu_mha_fwd", &hstu_mha_fwd, "fused jagged HSTU attention, forward (OpenMP)");
   m.def("hstu_mha_fwd_out", &hstu_mha_fwd_out,
         "hstu_mha_fwd writing into a caller-provided contiguous CPU `out` [T, H, dv] of q's dtype "

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "hstu_driver.h"
+#include "hstu_math.h"
 #include "isa.h"
 
 namespace torchrec_ascend {
@@ -82,24 +83,6 @@ void dgemm_(const char*, const char*, const int*, const int*, const int*, const 
             const int*, const double*, const int*, const double*, double*, const int*) __attribute__((weak));
 }
 
-// exp(x) for fp32 by range reduction (x = n ln2 + r, |r| <= ln2 / 2) and Cephes' degree-6
-// polynomial (~1 ulp); plain code GCC vectorises.
-__attribute__((always_inline)) inline float exp_f32(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
 template <typename T>
 inline T exp_of(T x) {
   if constexpr (std::is_same_v<T, float>) return exp_f32(x); else return std::exp(x);

@@ -25,6 +25,7 @@
 #endif
 
 #include "hstu_kernel.h"
+#include "hstu_layer_kernels.h"
 
 namespace torchrec_ascend {
 namespace hstu {
@@ -858,6 +859,147 @@ struct Bf16Amx : Bf16Common {
 };
 
 }  // namespace
+
+
+// ============================================================================ layer elementwise
+// (csrc/hstu_layer_kernels.h): fp32 arithmetic, fp32 or bf16 storage, 16 lanes at a time
+
+namespace {
+
+inline __m512 load16(bool bf, const void* p, int64_t i, __mmask16 k) {
+  if (bf) return bf16x16_to_f32(_mm256_maskz_loadu_epi16(k, static_cast<const bf16_t*>(p) + i));
+  return _mm512_maskz_loadu_ps(k, static_cast<const float*>(p) + i);
+}
+inline void store16(bool bf, void* p, int64_t i, __mmask16 k, __m512 x) {
+  if (bf) _mm256_mask_storeu_epi16(static_cast<bf16_t*>(p) + i, k, (__m256i)_mm512_cvtneps_pbh(x));
+  else _mm512_mask_storeu_ps(static_cast<float*>(p) + i, k, x);
+}
+
+// the dropout factor (0 or scale) of elements idx0 .. idx0 + 15: layer_mask_hash in 16 lanes
+inline __m512 dropout16(const LayerDropout& d, uint64_t idx0) {
+  if (!d.on) return _mm512_set1_ps(1.0f);
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i lo0 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(idx0)));
+  const __m512i lo = _mm512_add_epi32(lo0, lane);
+  const __mmask16 carry = _mm512_cmplt_epu32_mask(lo, lo0);  // idx crossed a 2^32 boundary
+  __m512i hi = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(idx0 >> 32)));
+  hi = _mm512_mask_add_epi32(hi, carry, hi, _mm512_set1_epi32(1));
+  __m512i x = _mm512_xor_si512(_mm512_mullo_epi32(lo, _mm512_set1_epi32(static_cast<int>(0x9E3779B1u))),
+                               _mm512_mullo_epi32(hi, _mm512_set1_epi32(static_cast<int>(0x85EBCA77u))));
+  x = _mm512_add_epi32(x, _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(d.seed))));
+  x = _mm512_xor_si512(x, _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(d.seed >> 32) * 0xC2B2AE3Du)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0x85EBCA6Bu)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 13));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0xC2B2AE35u)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  const __mmask16 keep = _mm512_cmpge_epu32_mask(x, _mm512_set1_epi32(static_cast<int>(d.threshold)));
+  return _mm512_maskz_mov_ps(keep, _mm512_set1_ps(d.scale));
+}
+
+}  // namespace
+
+namespace detail {
+
+void avx512_silu_split(bool bf, const void* h, int64_t r0, int64_t r1, int64_t width, const int64_t* w4,
+                       void* const* outs) {
+  for (int64_t r = r0; r < r1; ++r) {
+    int64_t c0 = 0;
+    for (int part = 0; part < 4; ++part) {
+      for (int64_t c = 0; c < w4[part]; c += 16) {
+        const __mmask16 k = first_lanes(w4[part] - c);
+        const __m512 z = load16(bf, h, r * width + c0 + c, k);
+        store16(bf, outs[part], r * w4[part] + c, k, _mm512_mul_ps(z, sigmoid<false>(z)));
+      }
+      c0 += w4[part];
+    }
+  }
+}
+
+void avx512_silu_split_bwd(bool bf, const void* h, int64_t r0, int64_t r1, int64_t width, const int64_t* w4,
+                           const void* const* grads, void* dh) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t r = r0; r < r1; ++r) {
+    int64_t c0 = 0;
+    for (int part = 0; part < 4; ++part) {
+      for (int64_t c = 0; c < w4[part]; c += 16) {
+        const __mmask16 k = first_lanes(w4[part] - c);
+        const __m512 z = load16(bf, h, r * width + c0 + c, k);
+        const __m512 sg = sigmoid<false>(z);
+        const __m512 d = _mm512_mul_ps(sg, _mm512_fmadd_ps(z, _mm512_sub_ps(one, sg), one));
+        store16(bf, dh, r * width + c0 + c, k, _mm512_mul_ps(load16(bf, grads[part], r * w4[part] + c, k), d));
+      }
+      c0 += w4[part];
+    }
+  }
+}
+
+void avx512_norm_gate(bool bf, const void* attn, const void* u, int64_t r0, int64_t r1, int64_t D,
+                      const LayerDropout& drop, void* y, float* mean, float* rstd) {
+  for (int64_t r = r0; r < r1; ++r) {
+    __m512 s = _mm512_setzero_ps();
+    for (int64_t c = 0; c < D; c += 16) s = _mm512_add_ps(s, load16(bf, attn, r * D + c, first_lanes(D - c)));
+    const float m = _mm512_reduce_add_ps(s) / static_cast<float>(D);
+    const __m512 mv = _mm512_set1_ps(m);
+    __m512 ss = _mm512_setzero_ps();
+    for (int64_t c = 0; c < D; c += 16) {
+      const __mmask16 k = first_lanes(D - c);
+      const __m512 x = _mm512_maskz_sub_ps(k, load16(bf, attn, r * D + c, k), mv);
+      ss = _mm512_fmadd_ps(x, x, ss);
+    }
+    const float rs = 1.0f / std::sqrt(_mm512_reduce_add_ps(ss) / static_cast<float>(D) + 1e-6f);
+    mean[r] = m;
+    rstd[r] = rs;
+    const __m512 rv = _mm512_set1_ps(rs);
+    const uint64_t base = static_cast<uint64_t>(r) * static_cast<uint64_t>(D);
+    for (int64_t c = 0; c < D; c += 16) {
+      const __mmask16 k = first_lanes(D - c);
+      const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(load16(bf, attn, r * D + c, k), mv), rv);
+      const __m512 v = _mm512_mul_ps(_mm512_mul_ps(load16(bf, u, r * D + c, k), xh), dropout16(drop, base + c));
+      store16(bf, y, r * D + c, k, v);
+    }
+  }
+}
+
+void avx512_norm_gate_bwd(bool bf, const void* dy, const void* attn, const void* u, const float* mean,
+                          const float* rstd, int64_t r0, int64_t r1, int64_t D, const LayerDropout& drop, void* dattn,
+                          void* du) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const __m512 mv = _mm512_set1_ps(mean[r]), rv = _mm512_set1_ps(rstd[r]);
+    const uint64_t base = static_cast<uint64_t>(r) * static_cast<uint64_t>(D);
+    __m512 sd = _mm512_setzero_ps(), sdx = _mm512_setzero_ps();
+    for (int64_t c = 0; c < D; c += 16) {
+      const __mmask16 k = first_lanes(D - c);
+      const __m512 gm = _mm512_mul_ps(load16(bf, dy, r * D + c, k), dropout16(drop, base + c));
+      const __m512 xh = _mm512_maskz_mul_ps(k, _mm512_sub_ps(load16(bf, attn, r * D + c, k), mv), rv);
+      store16(bf, du, r * D + c, k, _mm512_mul_ps(gm, xh));
+      const __m512 dx = _mm512_mul_ps(gm, load16(bf, u, r * D + c, k));
+      sd = _mm512_add_ps(sd, dx);
+      sdx = _mm512_fmadd_ps(dx, xh, sdx);
+    }
+    const __m512 md = _mm512_set1_ps(_mm512_reduce_add_ps(sd) / static_cast<float>(D));
+    const __m512 mdx = _mm512_set1_ps(_mm512_reduce_add_ps(sdx) / static_cast<float>(D));
+    for (int64_t c = 0; c < D; c += 16) {
+      const __mmask16 k = first_lanes(D - c);
+      const __m512 gm = _mm512_mul_ps(load16(bf, dy, r * D + c, k), dropout16(drop, base + c));
+      const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(load16(bf, attn, r * D + c, k), mv), rv);
+      const __m512 dx = _mm512_mul_ps(gm, load16(bf, u, r * D + c, k));
+      store16(bf, dattn, r * D + c, k, _mm512_mul_ps(rv, _mm512_sub_ps(_mm512_sub_ps(dx, md), _mm512_mul_ps(xh, mdx))));
+    }
+  }
+}
+
+void avx512_dropout(bool bf, const void* x, int64_t r0, int64_t r1, int64_t D, const LayerDropout& drop, void* y) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint64_t base = static_cast<uint64_t>(r) * static_cast<uint64_t>(D);
+    for (int64_t c = 0; c < D; c += 16) {
+      const __mmask16 k = first_lanes(D - c);
+      store16(bf, y, r * D + c, k, _mm512_mul_ps(load16(bf, x, r * D + c, k), dropout16(drop, base + c)));
+    }
+  }
+}
+
+}  // namespace detail
 
 namespace detail {
 void forward_avx512_f32(const Problem<float>& P, const float* q, const float* k, const float* v, float* out) {
