@@ -55,7 +55,7 @@ const char* engine_name(Engine e) {
 }
 
 bool engine_usable(Engine e) {
-#if defined(__x86_64__)
+#if defined(TRASC_HSTU_X86_ENGINES)
   const bool avx512 = isa() == Isa::kAvx512 && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   switch (e) {
@@ -293,7 +293,7 @@ void forward(Engine e, const Problem<float>& P, const void* q, const void* k, co
       detail::forward_blas(P, static_cast<const float*>(q), static_cast<const float*>(k),
                            static_cast<const float*>(v), static_cast<float*>(out));
       return;
-#if defined(__x86_64__)
+#if defined(TRASC_HSTU_X86_ENGINES)
     case Engine::kAvx512F32:
       detail::forward_avx512_f32(P, static_cast<const float*>(q), static_cast<const float*>(k),
                                  static_cast<const float*>(v), static_cast<float*>(out));
@@ -322,7 +322,7 @@ void backward(Engine e, const Problem<float>& P, const void* go, const void* q, 
                             static_cast<const float*>(k), static_cast<const float*>(v), static_cast<float*>(dq),
                             static_cast<float*>(dk), static_cast<float*>(dv), dpos, dts);
       return;
-#if defined(__x86_64__)
+#if defined(TRASC_HSTU_X86_ENGINES)
     case Engine::kAvx512F32:
       detail::backward_avx512_f32(P, static_cast<const float*>(go), static_cast<const float*>(q),
                                   static_cast<const float*>(k), static_cast<const float*>(v),

@@ -12,6 +12,13 @@
 #include <cstdint>
 #include <vector>
 
+// The x86 engines (csrc/hstu_x86.cpp) need GCC >= 11 (AMX and AVX512-BF16 intrinsics under
+// #pragma GCC target); elsewhere (other architectures, other compilers) only the BLAS engine is
+// built (also with -DTRASC_HSTU_NO_X86).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && !defined(TRASC_HSTU_NO_X86)
+#define TRASC_HSTU_X86_ENGINES 1
+#endif
+
 namespace torchrec_ascend {
 namespace hstu {
 
@@ -84,7 +91,7 @@ void backward_blas(const Problem<float>& P, const float* go, const float* q, con
                    float* dq, float* dk, float* dv, double* dpos, double* dts);
 void backward_blas(const Problem<double>& P, const double* go, const double* q, const double* k,
                    const double* v, double* dq, double* dk, double* dv, double* dpos, double* dts);
-#if defined(__x86_64__)
+#if defined(TRASC_HSTU_X86_ENGINES)
 bool amx_permitted();  // asks the OS for the AMX tile state (once); true when granted
 void forward_avx512_f32(const Problem<float>& P, const float* q, const float* k, const float* v, float* out);
 void backward_avx512_f32(const Problem<float>& P, const float* go, const float* q, const float* k,

@@ -72,7 +72,15 @@ struct Dropout : hstu::LayerDropout {
   }
 };
 
+#if defined(TRASC_HSTU_X86_ENGINES)
 inline bool avx512() { return isa() == Isa::kAvx512; }
+#define TRASC_LAYER_AVX512(call) \
+  if (avx512()) {                \
+    call;                        \
+  } else
+#else
+#define TRASC_LAYER_AVX512(call)
+#endif
 
 __attribute__((always_inline)) inline float sigmoid(float z) { return 1.0f / (1.0f + hstu::exp_f32(-z)); }
 
@@ -293,9 +301,9 @@ std::vector<at::Tensor> hstu_silu_split(const at::Tensor& h, std::vector<int64_t
     T* o[4] = {outs[0].data_ptr<T>(), outs[1].data_ptr<T>(), outs[2].data_ptr<T>(), outs[3].data_ptr<T>()};
     const T* hp = hc.data_ptr<T>();
     over_rows(h.size(0), total, [&](int64_t r0, int64_t r1) {
-      if (avx512()) hstu::detail::avx512_silu_split(!std::is_same_v<T, float>, hp, r0, r1, total, widths.data(),
-                                                    reinterpret_cast<void* const*>(o));
-      else silu_split(hp, r0, r1, total, widths.data(), o);
+      TRASC_LAYER_AVX512(hstu::detail::avx512_silu_split(!std::is_same_v<T, float>, hp, r0, r1, total,
+                                                         widths.data(), reinterpret_cast<void* const*>(o)))
+      silu_split(hp, r0, r1, total, widths.data(), o);
     });
   });
   return outs;
@@ -323,9 +331,9 @@ at::Tensor hstu_silu_split_bwd(const std::vector<at::Tensor>& grads, const at::T
     const T* hp = hc.data_ptr<T>();
     T* d = dh.data_ptr<T>();
     over_rows(h.size(0), total, [&](int64_t r0, int64_t r1) {
-      if (avx512()) hstu::detail::avx512_silu_split_bwd(!std::is_same_v<T, float>, hp, r0, r1, total, w4,
-                                                        reinterpret_cast<const void* const*>(g), d);
-      else silu_split_bwd(hp, r0, r1, total, w4, g, d);
+      TRASC_LAYER_AVX512(hstu::detail::avx512_silu_split_bwd(!std::is_same_v<T, float>, hp, r0, r1, total, w4,
+                                                             reinterpret_cast<const void* const*>(g), d))
+      silu_split_bwd(hp, r0, r1, total, w4, g, d);
     });
   });
   return dh;
@@ -346,8 +354,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> hstu_norm_gate(const at::Tensor& 
     T* yp = y.data_ptr<T>();
     float *mp = mean.data_ptr<float>(), *rp = rstd.data_ptr<float>();
     over_rows(ac.size(0), ac.size(1), [&](int64_t r0, int64_t r1) {
-      if (avx512()) hstu::detail::avx512_norm_gate(!std::is_same_v<T, float>, a, up, r0, r1, ac.size(1), drop, yp, mp, rp);
-      else norm_gate(a, up, r0, r1, ac.size(1), drop, yp, mp, rp);
+      TRASC_LAYER_AVX512(
+          hstu::detail::avx512_norm_gate(!std::is_same_v<T, float>, a, up, r0, r1, ac.size(1), drop, yp, mp, rp))
+      norm_gate(a, up, r0, r1, ac.size(1), drop, yp, mp, rp);
     });
   });
   return {y, mean, rstd};
@@ -373,10 +382,9 @@ std::tuple<at::Tensor, at::Tensor> hstu_norm_gate_bwd(const at::Tensor& dy, cons
     const float *mp = mc.data_ptr<float>(), *rp = rc.data_ptr<float>();
     T *dap = da.data_ptr<T>(), *dup = du.data_ptr<T>();
     over_rows(ac.size(0), ac.size(1), [&](int64_t r0, int64_t r1) {
-      if (avx512())
-        hstu::detail::avx512_norm_gate_bwd(!std::is_same_v<T, float>, g, a, up, mp, rp, r0, r1, ac.size(1), drop, dap,
-                                           dup);
-      else norm_gate_bwd(g, a, up, mp, rp, r0, r1, ac.size(1), drop, dap, dup);
+      TRASC_LAYER_AVX512(hstu::detail::avx512_norm_gate_bwd(!std::is_same_v<T, float>, g, a, up, mp, rp, r0, r1,
+                                                             ac.size(1), drop, dap, dup))
+      norm_gate_bwd(g, a, up, mp, rp, r0, r1, ac.size(1), drop, dap, dup);
     });
   });
   return {da.to(attn.scalar_type()), du};
@@ -391,8 +399,8 @@ at::Tensor hstu_dropout(const at::Tensor& x, double p, int64_t seed) {
     const T* xp = xc.data_ptr<T>();
     T* yp = y.data_ptr<T>();
     over_rows(xc.size(0), xc.size(1), [&](int64_t r0, int64_t r1) {
-      if (avx512()) hstu::detail::avx512_dropout(!std::is_same_v<T, float>, xp, r0, r1, xc.size(1), drop, yp);
-      else dropout(xp, r0, r1, xc.size(1), drop, yp);
+      TRASC_LAYER_AVX512(hstu::detail::avx512_dropout(!std::is_same_v<T, float>, xp, r0, r1, xc.size(1), drop, yp))
+      dropout(xp, r0, r1, xc.size(1), drop, yp);
     });
   });
   return y;

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "hstu_kernel.h"  // TRASC_HSTU_X86_ENGINES
+
 namespace torchrec_ascend {
 namespace hstu {
 
@@ -30,7 +32,7 @@ struct LayerDropout {
 };
 
 namespace detail {
-#if defined(__x86_64__)
+#if defined(TRASC_HSTU_X86_ENGINES)
 // widths w4 of the four parts (u, v, q, k); bf16: is_bf16 selects the element type of h / outs
 void avx512_silu_split(bool is_bf16, const void* h, int64_t r0, int64_t r1, int64_t width, const int64_t* w4,
                        void* const* outs);

@@ -9,6 +9,10 @@
 // The whole unit is compiled for AVX-512 + AMX (#pragma GCC target below); csrc/hstu.cpp calls it
 // only where hstu::engine_usable says the CPU (and, for AMX, the OS) has those.  Everything that
 // follows the pragma has internal linkage except the entry points of hstu_kernel.h.
+#include "hstu_kernel.h"  // TRASC_HSTU_X86_ENGINES
+
+#if defined(TRASC_HSTU_X86_ENGINES)
+
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -1027,3 +1031,5 @@ void backward_bf16(bool amx, const Problem<float>& P, const bf16_t* go, const bf
 }  // namespace torchrec_ascend
 
 #pragma GCC pop_options
+
+#endif  // TRASC_HSTU_X86_ENGINES
