@@ -106,6 +106,20 @@ def test_fallback_on_float64_is_the_torch_code():
     torch.testing.assert_close(hstu_fused.norm_gate(a, u, 0.5, training=False), u * F.layer_norm(a, (8,), eps=1e-6))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fallback_masks_equal_the_kernels(dtype):
+    """The torch fallback (other devices) draws the kernels' masks: one training on CPU and on an
+    accelerator (same seed) drops the same elements."""
+    x = _rand(37, 70, dtype=dtype, seed=3).abs() + 0.5
+    torch.manual_seed(5)
+    fused = hstu_fused.dropout(x, 0.3, training=True)
+    torch.manual_seed(5)
+    seed = hstu_fused._seed()
+    plain = x * hstu_fused._mask_factor(37, 70, 0.3, seed, x.device, x.dtype)
+    assert torch.equal(fused == 0, plain == 0)
+    torch.testing.assert_close(fused.double(), plain.double(), **TOL[dtype])
+
+
 def test_bad_shapes_raise():
     with pytest.raises(ValueError, match="widths"):
         hstu_fused.silu_split(torch.zeros(3, 10), [2, 2, 2, 2])

@@ -11,7 +11,8 @@ built): same semantics, fewer passes over memory.
 Dropout masks come from a counter-based hash of a seed and the element's index (the backward
 regenerates them); the seed is drawn from torch's default generator, so ``torch.manual_seed``
 makes runs repeat, as with ``torch.nn.functional.dropout`` (whose masks they do not reproduce:
-same distribution, another stream).
+same distribution, another stream).  The fallback computes the same hash with torch integer ops,
+so the masks do not depend on the device either.
 """
 
 from __future__ import annotations
@@ -37,6 +38,25 @@ def fused_available(*tensors: torch.Tensor) -> bool:
 
 def _seed() -> int:
     return int(torch.randint(0, 2 ** 62, (1,)).item())
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mask_factor(rows: int, cols: int, p: float, seed: int, device, dtype) -> torch.Tensor:
+    """``[rows, cols]`` of 0 or ``1 / (1 - p)``: the kernels' mask (csrc/hstu_layer_kernels.h
+    ``layer_mask_hash``: murmur3's finalizer over (seed, row-major index)) in torch integer ops."""
+    idx = torch.arange(rows * cols, device=device, dtype=torch.int64).view(rows, cols)
+    x = ((idx & _M32) * 0x9E3779B1 & _M32) ^ (((idx >> 32) * 0x85EBCA77) & _M32)
+    x = (x + (seed & _M32)) & _M32
+    x = x ^ ((((seed >> 32) & _M32) * 0xC2B2AE3D) & _M32)
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & _M32
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & _M32
+    x = x ^ (x >> 16)
+    threshold = min(int(p * 4294967296.0), _M32)
+    return (x >= threshold).to(dtype) * (1.0 / (1.0 - p))
 
 
 class _SiluSplit(torch.autograd.Function):
@@ -84,11 +104,15 @@ def norm_gate(attn: torch.Tensor, u: torch.Tensor, p: float, training: bool) -> 
     if attn.shape != u.shape or attn.dim() != 2:
         raise ValueError(f"attn, u: expected equal [T, D] shapes, got {tuple(attn.shape)} and {tuple(u.shape)}")
     p = float(p) if training else 0.0
+    seed = _seed() if p > 0 else 0
     if not fused_available(attn, u):
         a = F.layer_norm(attn.float() if attn.dtype in (torch.float16, torch.bfloat16) else attn,
                          (attn.shape[1],), eps=_EPS)
-        return F.dropout(u * a, p, training=p > 0).to(u.dtype)
-    return _NormGate.apply(attn, u, p, _seed() if p > 0 else 0)
+        y = u * a
+        if p > 0:
+            y = y * _mask_factor(y.shape[0], y.shape[1], p, seed, y.device, y.dtype)
+        return y.to(u.dtype)
+    return _NormGate.apply(attn, u, p, seed)
 
 
 class _Dropout(torch.autograd.Function):
@@ -106,6 +130,9 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """``x * mask / (1 - p)`` when ``training`` and ``p > 0``, else ``x``; ``x``: ``[T, D]``."""
     if not training or p <= 0:
         return x
-    if x.dim() != 2 or not fused_available(x):
-        return F.dropout(x, p, training=True)
-    return _Dropout.apply(x, float(p), _seed())
+    if x.dim() != 2:
+        raise ValueError(f"x: expected [T, D], got {tuple(x.shape)}")
+    seed = _seed()
+    if not fused_available(x):
+        return x * _mask_factor(x.shape[0], x.shape[1], float(p), seed, x.device, x.dtype)
+    return _Dropout.apply(x, float(p), seed)
