@@ -48,16 +48,6 @@
 
 #include "hstu_kernel.h"
 
-#ifdef HSTU_PROFILE
-#include <x86intrin.h>
-namespace hstu_prof {
-inline double* acc() { static double a[16]; return a; }
-struct Scope { int i; unsigned long long t0; Scope(int i_) : i(i_), t0(__rdtsc()) {} ~Scope() { acc()[i] += __rdtsc() - t0; } };
-}
-#define HSTU_PROF(i) hstu_prof::Scope hstu_prof_scope_##i(i)
-#else
-#define HSTU_PROF(i)
-#endif
 
 namespace torchrec_ascend {
 namespace hstu {
@@ -294,7 +284,6 @@ void forward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t*
       const int64_t np = round_up(kend_task, keyPad);
       const int64_t ldkt = E::b_ld(dqk, np), ldvp = E::b_ld(np, dv);
       for (int64_t h = 0; h < H; ++h) {
-        HSTU_PROF(10);
         E::pack_bt(k + s0 * ldq + h * dqk, ldq, dqk, kend_task, np, KT + h * ktsz, ldkt);
         E::pack_b(v + s0 * ldv + h * dv, ldv, kend_task, np, dv, VP + h * vsz, ldvp);
       }
@@ -313,7 +302,6 @@ void forward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t*
         // bias (r, c) = pos_w[msl - 1 + j - i] + ts_w[bucket(tq_i - ts_j)], i = B0 + r, j = c
         const int64_t ldbias = round_up(kendB, 16);
         if (bias) {
-          HSTU_PROF(14);
           E::bias_rows(mb, kendB, lim, P.pos_w, P.max_seq_len - 1 - B0, P.ts_w, P.bucketer, tq,
                        P.ts ? P.ts + s0 : nullptr, bias, ldbias, static_cast<BucketRuns*>(nullptr));
         }
@@ -340,21 +328,18 @@ void forward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t*
             if (mp > m) std::memset(Pb + m * kFwdKeys, 0, (mp - m) * kFwdKeys * sizeof(in_t));
             for (int64_t j0 = 0; j0 < kend; j0 += kFwdKeys) {
               const int64_t w = imin(kFwdKeys, kend - j0), wK = round_up(w, keyPad);
-              { HSTU_PROF(11); E::gemm(mp, wK, dqkK, Qb, dqkK, E::b_block(KTh, ldkt, 0, j0), ldkt, Sb, kFwdKeys, false); }
+              E::gemm(mp, wK, dqkK, Qb, dqkK, E::b_block(KTh, ldkt, 0, j0), ldkt, Sb, kFwdKeys, false);
               const bool all_valid = j0 + w <= full_all;
               for (int64_t r = 0; r < m; ++r) {
                 full[r] = imin(imax(fe[rb + r] - j0, 0), w);
                 const int64_t sc = i0 + r - j0;
                 selfc[r] = (sc >= 0 && sc < w) ? sc : -1;
               }
-              {
-                HSTU_PROF(12);
-                E::silu_fwd(m, w, wK, Sb, kFwdKeys, bias ? bias + rb * ldbias + j0 : nullptr, ldbias,
-                            all_valid ? nullptr : full, selfc, alpha, Pb, kFwdKeys);
-              }
-              { HSTU_PROF(13); E::gemm(mp, dvN, wK, Pb, kFwdKeys, E::b_block(VPh, ldvp, j0, 0), ldvp, Ob, dvN, j0 > 0); }
+              E::silu_fwd(m, w, wK, Sb, kFwdKeys, bias ? bias + rb * ldbias + j0 : nullptr, ldbias,
+                          all_valid ? nullptr : full, selfc, alpha, Pb, kFwdKeys);
+              E::gemm(mp, dvN, wK, Pb, kFwdKeys, E::b_block(VPh, ldvp, j0, 0), ldvp, Ob, dvN, j0 > 0);
             }
-            { HSTU_PROF(15); E::store_rows(m, dv, Ob, dvN, inv, out + (s0 + i0) * ldv + h * dv, ldv); }
+            E::store_rows(m, dv, Ob, dvN, inv, out + (s0 + i0) * ldv + h * dv, ldv);
           }
         }
       }
@@ -441,7 +426,7 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
           std::memset(vr, 0, dvK * sizeof(in_t));
         }
       }
-      { HSTU_PROF(0); E::transpose_rows(KA, dqkK, np, dqk, KTA, ldkta); }
+      E::transpose_rows(KA, dqkK, np, dqk, KTA, ldkta);
       if (dqkM > dqk) std::memset(KTA + dqk * ldkta, 0, (dqkM - dqk) * ldkta * sizeof(in_t));
       const int64_t ldqt = E::b_ld(dqk, np), lddot = E::b_ld(dvd, np), lddo = E::b_ld(np, dvd),
                     ldqb = E::b_ld(np, dqk);
@@ -451,13 +436,10 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
       in_t* QB = qb_b.get(E::b_size(np, dqk));     // B: queries x dqk
       const in_t* qh = q + s0 * ldq + h * dqk;
       const in_t* goh = go + s0 * ldv + h * dvd;
-      {
-        HSTU_PROF(0);
-        E::pack_bt(qh, ldq, dqk, n, np, QTB, ldqt);
-        E::pack_bt(goh, ldv, dvd, n, np, DOTB, lddot);
-        E::pack_b(goh, ldv, n, np, dvd, DOB, lddo);
-        E::pack_b(qh, ldq, n, np, dqk, QB, ldqb);
-      }
+      E::pack_bt(qh, ldq, dqk, n, np, QTB, ldqt);
+      E::pack_bt(goh, ldv, dvd, n, np, DOTB, lddot);
+      E::pack_b(goh, ldv, n, np, dvd, DOB, lddo);
+      E::pack_b(qh, ldq, n, np, dqk, QB, ldqb);
       // per query: the end of its key prefix; per query block: the largest one
       const int64_t nqb = np / kBwdRows;
       int64_t* e = cols_b.get(2 * n + nqb + 16);
@@ -499,7 +481,6 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
         if (bias) {
           // strip (r, c) = pos_w[msl - 1 + j - i] = pos_rev[msl - 1 + i - j] + ts_w[bucket(ts_j - tq_i)],
           // j = j0 + r, i = cs + c
-          HSTU_PROF(3);
           E::bias_rows(m, ws, nullptr, pos_rev, P.max_seq_len - 1 + cs - j0, P.ts_w, P.bucketer, tsk,
                        tqv ? tqv + cs : nullptr, bias, lds, P.ts_w ? &runs : nullptr);
         }
@@ -510,21 +491,17 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
             if (G) for (int64_t r = 0; r < m; ++r) std::memset(G + r * lds + (i0 - cs), 0, w * sizeof(acc_t));
             continue;
           }
-          { HSTU_PROF(1); E::gemm(mM, wK, dqkK, KA + j0 * dqkK, dqkK, E::b_block(QTB, ldqt, 0, i0), ldqt, ST, kBwdRows, false); }
-          { HSTU_PROF(2); E::gemm(mM, wK, dvK, VA + j0 * dvK, dvK, E::b_block(DOTB, lddot, 0, i0), lddot, DPT, kBwdRows, false); }
-          {
-            HSTU_PROF(4);
-            E::silu_bwd(m, mK, w, wK, ST, DPT, kBwdRows, bias ? bias + (i0 - cs) : nullptr, lds, j0, i0, e + i0,
-                        alpha, PA, dSA, kBwdRows, dSB, ldsb, G ? G + (i0 - cs) : nullptr, lds);
-          }
-          { HSTU_PROF(5); E::gemm(mM, dvN, wK, PA, kBwdRows, E::b_block(DOB, lddo, i0, 0), lddo, DV, dvN, !first); }
-          { HSTU_PROF(6); E::gemm(mM, dqkN, wK, dSA, kBwdRows, E::b_block(QB, ldqb, i0, 0), ldqb, DK, dqkN, !first); }
-          { HSTU_PROF(7); E::gemm(dqkM, wK, mK, KTA + j0, ldkta, dSB, ldsb, DQT + i0, lddqt, true); }
+          E::gemm(mM, wK, dqkK, KA + j0 * dqkK, dqkK, E::b_block(QTB, ldqt, 0, i0), ldqt, ST, kBwdRows, false);
+          E::gemm(mM, wK, dvK, VA + j0 * dvK, dvK, E::b_block(DOTB, lddot, 0, i0), lddot, DPT, kBwdRows, false);
+          E::silu_bwd(m, mK, w, wK, ST, DPT, kBwdRows, bias ? bias + (i0 - cs) : nullptr, lds, j0, i0, e + i0,
+                      alpha, PA, dSA, kBwdRows, dSB, ldsb, G ? G + (i0 - cs) : nullptr, lds);
+          E::gemm(mM, dvN, wK, PA, kBwdRows, E::b_block(DOB, lddo, i0, 0), lddo, DV, dvN, !first);
+          E::gemm(mM, dqkN, wK, dSA, kBwdRows, E::b_block(QB, ldqb, i0, 0), ldqb, DK, dqkN, !first);
+          E::gemm(dqkM, wK, mK, KTA + j0, ldkta, dSB, ldsb, DQT + i0, lddqt, true);
           first = false;
         }
         if (G) {
           // element (r, c): dpos[msl - 1 + j - i] with j = j0 + r, i = cs + c
-          HSTU_PROF(8);
           E::table_grads(m, ws, G, lds, P.pos_w ? my_grads : nullptr, P.max_seq_len - 1 + j0 - cs,
                          P.ts_w ? my_grads + npos : nullptr, P.bucketer, tsk, tqv ? tqv + cs : nullptr,
                          P.ts_w ? &runs : nullptr, static_cast<double>(inv));
@@ -533,11 +510,10 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
           std::memset(DK, 0, mM * dqkN * sizeof(acc_t));
           std::memset(DV, 0, mM * dvN * sizeof(acc_t));
         }
-        HSTU_PROF(9);
         E::store_rows(m, dqk, DK, dqkN, alpha * inv, dk + (s0 + j0) * ldq + h * dqk, ldq);
         E::store_rows(m, dvd, DV, dvN, inv, dv + (s0 + j0) * ldv + h * dvd, ldv);
       }
-      { HSTU_PROF(9); E::store_transposed(dqk, n, DQT, lddqt, alpha * inv, dq + s0 * ldq + h * dqk, ldq); }
+      E::store_transposed(dqk, n, DQT, lddqt, alpha * inv, dq + s0 * ldq + h * dqk, ldq);
     }
   }
   for (int th = 0; th < nthreads; ++th) {
