@@ -20,6 +20,24 @@ import torch
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
+def cpu_kind() -> str:
+    """The CPU's kind by the extensions that decide the fastest GEMM dtype and the HSTU engines:
+    ``amx`` (AMX-BF16), ``avx512bf16`` (AVX512-BF16, no AMX), ``avx512``, ``avx2`` or ``generic``;
+    result files measured per kind are named by it."""
+    from torchrec_ascend.device import cpu_flags
+
+    flags = cpu_flags()
+    if "amx_bf16" in flags:
+        return "amx"
+    if "avx512_bf16" in flags:
+        return "avx512bf16"
+    if "avx512f" in flags:
+        return "avx512"
+    if "avx2" in flags:
+        return "avx2"
+    return "generic"
+
+
 def machine_info() -> Dict[str, object]:
     """What ran the benchmark: CPU, threads, torch version, device."""
     cpu = platform.processor() or platform.machine()
@@ -37,6 +55,7 @@ def machine_info() -> Dict[str, object]:
     return {
         "cpu": cpu,
         "cpu_isa": isa,  # the vector/matrix extensions that decide GEMM speed per dtype
+        "cpu_kind": cpu_kind(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,

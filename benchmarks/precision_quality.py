@@ -11,7 +11,9 @@ next to it (what seed noise alone does), and NDCG@200 (~7x more hits, less noisy
 
     python benchmarks/precision_quality.py                 # 400 steps, seeds 0 1 2
     python benchmarks/precision_quality.py --quick         # 100 steps, seed 0
-Writes benchmarks/results/precision_quality.json.
+    python benchmarks/precision_quality.py --bf16-engine fp32   # bf16 runs, HSTU attention widened
+Writes benchmarks/results/precision_quality.json (``precision_quality_<engine>.json`` with
+``--bf16-engine``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import statistics
 import sys
 import time
 from typing import Dict, List
+
+import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -41,12 +45,18 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="100 steps, seed 0")
     ap.add_argument("--steps", type=int, default=None, help="training steps (default 400)")
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2")
+    ap.add_argument("--bf16-engine", default=None,
+                    help="force the csrc HSTU attention engine of the bf16 runs (ops.hstu.cpu_engines: e.g. "
+                         "amx_bf16, avx512_bf16, fp32 = widened); writes precision_quality_<engine>.json")
     args = ap.parse_args()
     steps = args.steps or (100 if args.quick else 400)
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
 
     from torchrec_ascend import device as _device
-    from torchrec_ascend.ops.hstu import cpu_bf16_gemm
+    from torchrec_ascend.ops.hstu import cpu_engine, set_cpu_engine
+
+    if args.bf16_engine:
+        set_cpu_engine(torch.bfloat16, args.bf16_engine)
 
     got = sample_split(steps)
     if got is None:
@@ -76,13 +86,13 @@ def main() -> int:
     for m in METRICS:
         print(f"{m}: mean fp32 {mean[m]['fp32']:.5f}, bf16 {mean[m]['bf16']:.5f}, "
               f"rel_diff {rel_diff[m]:+.4f}; per seed {per_seed[m]}; fp32 seed spread {spread[m]}")
-    path = write_json("precision_quality", {
+    path = write_json("precision_quality" + (f"_{args.bf16_engine}" if args.bf16_engine else ""), {
         "rel_diff": rel_diff, "goal_abs_rel_diff": 0.02,
         "meets_goal": abs(rel_diff["ndcg@10"]) <= 0.02,
         "mean_valid": mean, "valid": valid, "rel_diff_per_seed": per_seed,
         "fp32_seed_spread": spread, "runs": rows,
         "gemm_capability": _device.gemm_capability("cpu").as_dict(),
-        "hstu_kernel_bf16_gemm": cpu_bf16_gemm(),
+        "hstu_cpu_engines": {"float32": cpu_engine(torch.float32), "bfloat16": cpu_engine(torch.bfloat16)},
         "config": run_description(steps, seeds, args.quick),
         "seconds": round(time.perf_counter() - t0, 1)})
     print(f"wrote {path}")

@@ -25,7 +25,7 @@ torchrec_ascend/modules/hstu.py).  Peaks: 2048^3 GEMMs in fp32 and bf16 (``torch
 a row's peak is the higher of the two for its compute dtype (``mfu``), and ``mfu_fp32_peak``
 divides by the fp32 one.  ``breakdown_ms``: benchmarks/train_breakdown.py.
 
-    python benchmarks/train.py --quick     # < 2 min; writes benchmarks/results/train.json
+    python benchmarks/train.py --quick     # < 2 min; writes benchmarks/results/train_<cpu kind>.json
     python benchmarks/train.py             # both configs (~5 min idle)
 """
 
@@ -45,11 +45,11 @@ REPO = os.path.dirname(HERE)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.common import heavy_tailed_lengths, print_table, write_json  # noqa: E402
+from benchmarks.common import cpu_kind, heavy_tailed_lengths, print_table, write_json  # noqa: E402
 from benchmarks.train_breakdown import OffsetsRecorder, StageTimes, breakdown  # noqa: E402
 from torchrec_ascend.datasets import Sequences  # noqa: E402
 from torchrec_ascend.device import dtype_name, measure_gemm_gflops  # noqa: E402
-from torchrec_ascend.ops.hstu import cpu_bf16_gemm  # noqa: E402
+from torchrec_ascend.ops.hstu import cpu_engine  # noqa: E402
 from torchrec_ascend.training import RetrievalTask, Trainer, config_from_dict, leave_two_out  # noqa: E402
 from torchrec_ascend.training.console import Console  # noqa: E402
 from torchrec_ascend.training.process_group import init_distributed  # noqa: E402
@@ -247,8 +247,10 @@ def main() -> None:
                        "model_gflops_per_s", "mfu_pct", "mfu_fp32_peak_pct", "final_loss"])
     print_table([{"config": r["config"], "model": r["model"], "dtype": r["dtype"],
                   **{k: round(v, 1) for k, v in r["breakdown_ms"].items()}} for r in rows])
-    path = write_json("train", {"quick": args.quick, "threads": torch.get_num_threads(),
-                                "hstu_bf16_gemm_kernel": cpu_bf16_gemm(), "configs": configs,
+    path = write_json(f"train_{cpu_kind()}", {"quick": args.quick, "threads": torch.get_num_threads(),
+                                "hstu_cpu_engines": {"float32": cpu_engine(torch.float32),
+                                                     "bfloat16": cpu_engine(torch.bfloat16)},
+                                "configs": configs,
                                 "rows": rows})
     print(f"wrote {path}")
     if env.created:

@@ -67,7 +67,10 @@ def oracle(q, k, v, offsets, alpha, max_seq_len, by_len, num_targets, c, pos_w, 
 
 
 def _case(lengths, H=2, dqk=8, dv=6, max_seq_len=None, targets=False, c=0, pos=True, time=True,
-          dtype=torch.float32, seed=0):
+          dtype=torch.float32, seed=0, unsorted=False):
+    """Seeded inputs; ``targets``: True (random counts 0..3) or an explicit list; ``unsorted``:
+    timestamps in random order (the kernels' general time-bucket path; sorted ones take the
+    grouped path)."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.tensor(lengths, dtype=torch.int64)
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
@@ -77,15 +80,17 @@ def _case(lengths, H=2, dqk=8, dv=6, max_seq_len=None, targets=False, c=0, pos=T
     args = dict(
         q=mk(T, H, dqk), k=mk(T, H, dqk), v=mk(T, H, dv), offsets=offsets,
         max_seq_len=max_seq_len, alpha=0.7,
-        num_targets=(torch.tensor(targets, dtype=torch.int64) if isinstance(targets, list)
-                     else torch.minimum(torch.randint(0, 4, (len(lengths),), generator=g),
-                                        (lengths - c).clamp(min=0)) if targets else None),
+        num_targets=(torch.tensor(targets, dtype=torch.int64) if isinstance(targets, (list, tuple)) else
+                     torch.minimum(torch.randint(0, 4, (len(lengths),), generator=g),
+                                   (lengths - c).clamp(min=0)) if targets else None),
         contextual_seq_len=c,
         pos_w=mk(2 * max_seq_len - 1) if pos else None,
         ts_w=mk(9) if time else None,
         # heavy-tailed gaps so that many buckets (and the clamp at 8) are hit
         timestamps=(torch.exp(torch.rand(T, generator=g) * 12).long().cumsum(0) if time else None),
     )
+    if unsorted and time:
+        args["timestamps"] = args["timestamps"][torch.randperm(T, generator=g)]
     return args
 
 
@@ -384,22 +389,50 @@ def test_cpu_kernel_extreme_scores():
                                    msg=lambda m, name=name: f"{name}: {m}")
 
 
-# --------------------------------------------------------------------------- bfloat16
+# --------------------------------------------------------------------------- every engine
+#
+# The csrc backend runs each dtype on a micro-kernel ("engine") it picks per CPU by timing
+# (ops.hstu.cpu_engine); every engine that runs on this CPU is forced here in turn.  Lengths cover
+# 0, 1 and the max and several of the kernels' blocks (forward: 32 rows, 128-row bias blocks,
+# 128-key segments; backward: 64 x 64 tiles).
 
-BF16_CASES = [
-    (LENGTHS[0], 12, False, 0, "max_len", True, True),
-    (LENGTHS[3], 12, True, 2, "max_len", True, True),
-    # several 128-row tiles (the bf16 path's), contextual rows, targets, an empty sequence
-    ([300, 0, 129, 1, 128], 300, True, 3, "seq_len", True, True),
-    ([257, 64], 257, False, 0, "max_len", False, False),
+from torchrec_ascend.ops import hstu as hstu_ops  # noqa: E402
+
+ENGINE_CASES = [
+    # lengths, max_seq_len, targets, contextual, normalization, pos, time, unsorted timestamps
+    ([300, 0, 129, 1, 128], 300, True, 3, "seq_len", True, True, False),
+    ([257, 64, 1], 257, [0, 1, 1], 0, "max_len", True, True, False),
+    ([200, 65, 0, 33], 200, False, 0, "max_len", True, True, True),
+    ([130, 2, 70], 130, [1, 0, 5], 2, "max_len", False, True, True),
+    ([257, 64], 257, False, 0, "max_len", False, False, False),
 ]
+
+
+def _engines(dtype):
+    return hstu_ops.cpu_engines(dtype) if cpu.kernel("hstu_engines") is not None else []
+
+
+@pytest.fixture
+def engine():
+    """force(dtype, name): run the csrc attention of dtype on engine `name`; the backend's own
+    choice is restored (measured again on next use) afterwards."""
+    forced = []
+
+    def force(dtype, name):
+        hstu_ops.set_cpu_engine(dtype, name)
+        forced.append(dtype)
+
+    yield force
+    for dtype in forced:
+        hstu_ops.set_cpu_engine(dtype, None)
 
 
 def _check_bf16(args, normalization):
     """bf16 output and gradients vs the float64 oracle on the same (bf16-rounded) inputs.
 
-    Each GEMM rounds its output to bf16 once (unit roundoff u = 2^-8 relative), and the SiLU
-    stage reads rounded scores: errors of a few u relative to the output's scale; the tolerance
+    The GEMM operands are bf16 (P and dS rounded once, unit roundoff u = 2^-8 relative) with fp32
+    accumulation, the SiLU stage evaluates exp and 1/x to bf16 accuracy (|rel err| < 5e-4), and
+    outputs are rounded to bf16: errors of a few u relative to the output's scale; the tolerance
     is 3e-2 of each tensor's largest magnitude (plus 3e-2 relative), far below what a wrong mask,
     bias or missing tile gives (O(1) of the scale)."""
     out, grad, leaves = _run(args, normalization, "cpu_kernel")
@@ -415,37 +448,97 @@ def _check_bf16(args, normalization):
 
 
 @_needs_kernel
-@pytest.mark.parametrize("bf16_gemm", [True, False], ids=("bf16_gemm", "widened_fp32"))
-@pytest.mark.parametrize("case", BF16_CASES)
-def test_cpu_kernel_bfloat16_matches_float64_oracle(bf16_gemm, case):
-    from torchrec_ascend.ops import hstu as hstu_ops
-
-    lengths, msl, targets, c, norm, pos, time = case
-    before = hstu_ops.cpu_bf16_gemm()
-    try:
-        assert hstu_ops.cpu_bf16_gemm(bf16_gemm) is bf16_gemm
-        args = _case(lengths, H=2, dqk=16, dv=8, max_seq_len=msl, targets=targets, c=c, pos=pos,
-                     time=time, dtype=torch.bfloat16, seed=17)
-        _check_bf16(args, norm)
-    finally:
-        hstu_ops.cpu_bf16_gemm(before)
+@pytest.mark.parametrize("name", _engines(torch.float32))
+@pytest.mark.parametrize("case", range(len(ENGINE_CASES)))
+def test_cpu_float32_engines_match_float64_oracle(name, case, engine):
+    lengths, msl, targets, c, norm, pos, time, unsorted = ENGINE_CASES[case]
+    engine(torch.float32, name)
+    args = _case(lengths, H=2, dqk=16, dv=8, max_seq_len=msl, targets=targets, c=c, pos=pos, time=time,
+                 seed=50 + case, unsorted=unsorted)
+    _check("cpu_kernel", args, norm)
 
 
 @_needs_kernel
-def test_cpu_bf16_gemm_default_follows_the_measurement(monkeypatch):
-    from torchrec_ascend import device
-    from torchrec_ascend.ops import hstu as hstu_ops
+@pytest.mark.parametrize("name", _engines(torch.bfloat16))
+@pytest.mark.parametrize("case", range(len(ENGINE_CASES)))
+def test_cpu_bfloat16_engines_match_float64_oracle(name, case, engine):
+    lengths, msl, targets, c, norm, pos, time, unsorted = ENGINE_CASES[case]
+    engine(torch.bfloat16, name)
+    args = _case(lengths, H=2, dqk=16, dv=8, max_seq_len=msl, targets=targets, c=c, pos=pos, time=time,
+                 dtype=torch.bfloat16, seed=70 + case, unsorted=unsorted)
+    _check_bf16(args, norm)
 
-    # the choice made on the first bf16 call: never bf16 GEMMs where the device measured them
-    # slower than fp32; else the kernel's own timing decides (faked here both ways)
-    before = hstu_ops.cpu_bf16_gemm()
+
+@_needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_engines_at_the_papers_head_dim(dtype, engine):
+    """d = 64 (the kernels' full tiles, no padding of the head dimension), 4 heads."""
+    args = _case([190, 64, 1], H=4, dqk=64, dv=64, max_seq_len=190, targets=[0, 1, 0], c=0,
+                 dtype=dtype, seed=91)
+    for name in _engines(dtype):
+        engine(dtype, name)
+        if dtype == torch.float32:
+            _check("cpu_kernel", args, "max_len", rtol=5e-4, atol=5e-5)
+        else:
+            _check_bf16(args, "max_len")
+
+
+@_needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("poison", POISONS, ids=("nan", "sentinel"))
+def test_cpu_engines_write_every_element(dtype, poison, engine):
+    """Every engine overwrites outputs poisoned before the run (NaN, a 1e30 sentinel)."""
+    lengths, msl = [70, 0, 1, 130, 64, 3], 130
+    args = _case(lengths, H=2, dqk=16, dv=8, max_seq_len=msl, targets=True, c=1, dtype=dtype,
+                 seed=200 + int(math.isnan(poison)))
+    pos = _positional(args, "max_len")
+    grad = torch.randn(pos[0].shape[0], 2, 8, generator=torch.Generator().manual_seed(5)).to(dtype)
+    want, want_grads = _ref64(pos, grad)
+    tol = dict(rtol=2e-4, atol=2e-5) if dtype == torch.float32 else None
+    for name in _engines(dtype):
+        engine(dtype, name)
+        out, grads = _poisoned_run(pos, grad, poison)
+        for label, g, w in zip(("out", "dq", "dk", "dv", "d_pos_w", "d_ts_w"), (out,) + grads, (want,) + want_grads):
+            assert bool(torch.isfinite(g).all()), f"{name}: {label} keeps poison"
+            t = tol or dict(rtol=3e-2, atol=3e-2 * max(float(w.abs().max()), 1e-6))
+            torch.testing.assert_close(g.double(), w, **t, msg=lambda m, n=name, lb=label: f"{n}, {lb}: {m}")
+
+
+@_needs_kernel
+@pytest.mark.parametrize("cap", [0, 1])
+def test_engines_below_avx512_fall_back_to_blas(cap, isa_cap, engine):
+    """With the vector ISA capped below AVX-512 (csrc/isa.h) the AVX-512 / AMX engines do not
+    run: fp32 takes the BLAS engine, bf16 is widened to it; both still match the oracle."""
+    isa_cap(cap)
+    assert _engines(torch.float32) == ["blas"]
+    assert _engines(torch.bfloat16) == ["fp32"]
+    hstu_ops.set_cpu_engine(torch.float32, None)
+    hstu_ops.set_cpu_engine(torch.bfloat16, None)
     try:
-        for kernel_faster in (True, False):
-            monkeypatch.setattr(hstu_ops, "_BF16_CHOSEN", False)
-            monkeypatch.setattr(hstu_ops, "_bf16_kernel_is_faster", lambda set_fn, r=kernel_faster: r)
-            got = hstu_ops.cpu_bf16_gemm()
-            assert got is (device.gemm_dtype_is_fast(torch.bfloat16, "cpu") and kernel_faster)
-        monkeypatch.undo()
-        assert isinstance(hstu_ops._bf16_kernel_is_faster(cpu.kernel("hstu_set_bf16_gemm")), bool)
+        assert hstu_ops.cpu_engine(torch.float32)[0] == "blas"
+        assert hstu_ops.cpu_engine(torch.bfloat16)[0] == "fp32"
+        args = _case([70, 1, 0, 9], max_seq_len=70, targets=True, c=1, seed=13)
+        _check("cpu_kernel", args, "max_len")
+        args = _case([70, 1, 9], max_seq_len=70, dtype=torch.bfloat16, seed=14)
+        _check_bf16(args, "max_len")
     finally:
-        hstu_ops.cpu_bf16_gemm(before)
+        isa_cap(2)
+        hstu_ops.set_cpu_engine(torch.float32, None)
+        hstu_ops.set_cpu_engine(torch.bfloat16, None)
+
+
+@_needs_kernel
+def test_cpu_engine_choice_is_measured_and_reported():
+    """The backend picks each dtype's engine once, by timing the candidates on this CPU, and
+    says why; forcing an engine that does not exist (or not here) is a one-line error."""
+    for dtype in (torch.float32, torch.bfloat16):
+        hstu_ops.set_cpu_engine(dtype, None)
+        name, why = hstu_ops.cpu_engine(dtype)
+        assert name in _engines(dtype)
+        if len(_engines(dtype)) > 1:
+            assert why.startswith("measured fwd+bwd ms:") and all(e in why for e in _engines(dtype))
+        assert hstu_ops.cpu_engine(dtype) == (name, why)  # made once
+    with pytest.raises(ValueError, match="not an engine"):
+        hstu_ops.set_cpu_engine(torch.float32, "amx_bf16")
+    with pytest.raises(ValueError, match="dtype"):
+        hstu_ops.cpu_engine(torch.float16)

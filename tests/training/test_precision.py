@@ -1,6 +1,6 @@
 """train.precision -> compute dtype: fixed choices, ``auto`` following the device's measured
 GEMM choice (forced here through TORCHREC_ASCEND_GEMM_DTYPE, so the test does not depend on
-this machine's timing), bad names rejected."""
+this machine's timing) and, on CPU, the measured layer step; bad names rejected."""
 
 from __future__ import annotations
 
@@ -25,6 +25,30 @@ def test_auto_follows_the_measured_choice(monkeypatch, forced, want):
     monkeypatch.setenv(_device.ENV_GEMM_DTYPE, forced)
     dtype, why = resolve_precision("auto", CPU)
     assert dtype == want and why.startswith("train.precision=auto: ")
+
+
+@pytest.mark.parametrize("step_faster", [True, False])
+def test_auto_on_cpu_needs_the_whole_step_faster(monkeypatch, step_faster):
+    """Where the bf16 GEMM is fast, auto still takes bf16 only if one HSTU layer step is faster
+    in it (measured once; faked both ways here)."""
+    from torchrec_ascend.training import precision
+
+    monkeypatch.delenv(_device.ENV_GEMM_DTYPE, raising=False)
+    monkeypatch.setattr(_device, "gemm_dtype_is_fast", lambda dtype, dev=None: True)
+    monkeypatch.setattr(precision, "bf16_step_is_faster", lambda: (step_faster, "faked"))
+    dtype, why = resolve_precision("auto", CPU)
+    assert dtype == (torch.bfloat16 if step_faster else torch.float32) and why.endswith("; faked")
+
+
+def test_step_measurement_is_cached_and_keeps_the_random_stream():
+    from torchrec_ascend.training import precision
+
+    torch.manual_seed(3)
+    state = torch.random.get_rng_state()
+    faster, why = precision.bf16_step_is_faster()
+    assert isinstance(faster, bool) and "ms fp32" in why and "ms bf16" in why
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert precision.bf16_step_is_faster() == (faster, why)
 
 
 def test_auto_on_cuda_is_bf16(monkeypatch):

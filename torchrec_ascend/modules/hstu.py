@@ -27,6 +27,7 @@ parameters, eps 1e-6)::
     u, v, q, k = split(silu(LN(x) @ W_uvqk))                       # one bias-free projection
     a_i = sum_j valid(i, j) * silu(alpha * q_i . k_j + rab(i, j)) / N * v_j   # per head
     x'  = Linear(dropout(u * LN(a))) + x
+    (silu + split and dropout(u * LN(a)) fused on CPU: modules/hstu_fused.py)
 
 ``rab(i, j) = pos_w[max_seq_len - 1 + j - i] + ts_w[bucket(ts[i + 1] - ts[j])]`` with
 ``bucket(dt) = clamp(floor(ln(max(|dt|, 1)) / 0.301), 0, num_time_buckets)`` (learned per layer);
@@ -58,6 +59,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import hstu as hstu_ops
+from . import hstu_fused
 
 __all__ = [
     "HSTUEncoder",
@@ -167,7 +169,8 @@ class InputPreprocessor(nn.Module):
     def forward(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """``x [T, D]``, ``offsets [B + 1]`` -> ``[T, D]``."""
         pos = _positions(offsets, x.shape[0])
-        return self.dropout(x * math.sqrt(self.embedding_dim) + self.pos_emb(pos))
+        return hstu_fused.dropout(x * math.sqrt(self.embedding_dim) + self.pos_emb(pos), self.dropout.p,
+                                  self.training)
 
 
 class HSTUBlock(nn.Module):
@@ -226,18 +229,19 @@ class HSTUBlock(nn.Module):
             raise ValueError(f"x: expected [T, {self.embedding_dim}], got {tuple(x.shape)}")
         T, H = x.shape[0], self.num_heads
         dv, dqk = self.linear_dim, self.attention_dim
-        h = F.silu(_layer_norm(x, self.embedding_dim) @ self.uvqk)
-        u, v, q, k = torch.split(h, [H * dv, H * dv, H * dqk, H * dqk], dim=1)
+        # silu + split into contiguous u, v, q, k; dropout(u * LN(attn)): fused on CPU
+        # (modules/hstu_fused.py), the same torch ops elsewhere
+        h = _layer_norm(x, self.embedding_dim) @ self.uvqk
+        u, v, q, k = hstu_fused.silu_split(h, [H * dv, H * dv, H * dqk, H * dqk])
         bias = (self.relative_bias.attention_kwargs(timestamps, h.dtype)
                 if self.relative_bias is not None else {})
         attn = hstu_ops.hstu_mha(
-            q.reshape(T, H, dqk), k.reshape(T, H, dqk), v.reshape(T, H, dv), offsets,
+            q.view(T, H, dqk), k.view(T, H, dqk), v.view(T, H, dv), offsets,
             max_seq_len=self.max_seq_len, alpha=self.alpha, normalization=self.normalization,
             num_targets=num_targets, contextual_seq_len=self.contextual_seq_len,
             validate=validate, **bias,
         ).reshape(T, H * dv)
-        a = _layer_norm(attn, H * dv)
-        return self.output(self.dropout(u * a)) + x
+        return self.output(hstu_fused.norm_gate(attn, u, self.dropout.p, self.training)) + x
 
 
 class HSTUStack(nn.Module):

@@ -4,10 +4,10 @@ Public entry :func:`hstu_mha` validates once, then dispatches through the regist
 
 * ``triton`` (CUDA; Ascend through triton-ascend; CPU tensors only under ``TRITON_INTERPRET=1``):
   one program per (query tile, sequence, head), causal tile skipping, bias fused;
-* ``cpu_kernel`` (``csrc/hstu.cpp``): OpenMP over (sequence, head, query tile), GEMMs on tiles;
-  bfloat16 inputs run bf16 GEMMs (fp32 accumulation, SiLU in fp32) where that was measured faster
-  (the CPU's bf16 GEMM, then the kernel itself: :func:`cpu_bf16_gemm`), else they are widened and
-  computed in fp32;
+* ``cpu_kernel`` (``csrc/hstu*.cpp``): one tiled driver over per-CPU micro-kernels ("engines":
+  AMX-BF16 or AVX512-BF16 tiles for bf16 with fp32 accumulation, AVX-512 or BLAS for fp32, BLAS
+  for fp64); the engine of each dtype is chosen by the backend once per process by timing the
+  candidates (:func:`cpu_engine` reports it, :func:`set_cpu_engine` forces one);
 * ``reference`` (``ops/reference/hstu.py``): padded dense torch, the oracle.
 
 The fused backends never build a padded tensor: work and memory follow ``sum_b n_b^2``, not
@@ -25,16 +25,15 @@ Semantics (one sequence of length ``n``, one head; see docs/hstu.md)::
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import List, Literal, Optional, Tuple
 
 import torch
 
-from .. import device as _device
 from ..options import choices
 from . import extension, validation
 from .specs import hstu as _specs
 
-__all__ = ["hstu_mha", "Normalization", "NORMALIZATIONS"]  # cpu_bf16_gemm: a backend switch
+__all__ = ["hstu_mha", "Normalization", "NORMALIZATIONS"]  # cpu_engine / set_cpu_engine: backend switches, not ops
 
 _ops = torch.ops.torchrec_ascend
 Normalization = Literal["max_len", "seq_len"]
@@ -44,61 +43,44 @@ NORMALIZATIONS = choices(Normalization)
 _specs.register_all()
 
 
-# --------------------------------------------------------------------------- bf16 on CPU
+# --------------------------------------------------------------------------- CPU engines
 
-_BF16_CHOSEN = False
-
-
-def _bf16_kernel_is_faster(set_fn) -> bool:
-    """Time the csrc kernel on one fixed bf16 problem (8 sequences of 384 tokens, 2 heads, d=64,
-    forward + backward) with bf16 GEMMs and widened to fp32, interleaved over 3 rounds; True when
-    the bf16 GEMMs win by 5%.  ~1 s, once per process."""
-    import statistics
-    import time
-
-    g = torch.Generator().manual_seed(0)
-    n, b, h, d = 384, 8, 2, 64
-    q, k, v = (torch.randn(n * b, h, d, generator=g).to(torch.bfloat16) for _ in range(3))
-    offsets = torch.arange(0, n * b + 1, n, dtype=torch.int64)
-    grad = torch.ones_like(v)
-    fwd, bwd = extension.kernel("hstu_mha_fwd"), extension.kernel("hstu_mha_bwd")
-    args = (q, k, v, offsets, d ** -0.5, n, False, None, 0, None, None, None)
-
-    def once(on: bool) -> float:
-        set_fn(on)
-        t0 = time.perf_counter()
-        fwd(*args)
-        bwd(grad, *args)
-        return time.perf_counter() - t0
-
-    times = {True: [], False: []}
-    for r in range(4):  # round 0 warms up both
-        for on in ((True, False) if r % 2 == 0 else (False, True)):
-            dt = once(on)
-            if r:
-                times[on].append(dt)
-    return statistics.median(times[True]) * 1.05 < statistics.median(times[False])
+ENGINE_DTYPES = ("float32", "bfloat16")
 
 
-def cpu_bf16_gemm(enabled: Optional[bool] = None) -> bool:
-    """Whether the csrc kernel computes bfloat16 inputs with bf16 GEMMs (else: widened to fp32).
+def _dtype_key(dtype) -> str:
+    name = str(dtype).replace("torch.", "")
+    if name not in ENGINE_DTYPES:
+        raise ValueError(f"dtype: {dtype} has no CPU engine choice (one of {', '.join(ENGINE_DTYPES)})")
+    return name
 
-    ``enabled=None``: the first call decides by measurement -- bf16 GEMMs only where the device's
-    bf16 GEMM beats fp32 (``device.gemm_dtype_is_fast``) *and* the kernel itself then runs faster
-    with them (:func:`_bf16_kernel_is_faster`; per-tile GEMM overheads can eat the gain); later
-    calls return that choice.  ``True`` / ``False`` force it.  ``False`` where the extension is
-    not built.
-    """
-    global _BF16_CHOSEN
-    set_fn, get_fn = extension.kernel("hstu_set_bf16_gemm"), extension.kernel("hstu_bf16_gemm")
-    if set_fn is None or get_fn is None:
-        return False
-    if enabled is None and not _BF16_CHOSEN:
-        enabled = _device.gemm_dtype_is_fast(torch.bfloat16, "cpu") and _bf16_kernel_is_faster(set_fn)
-    if enabled is not None:
-        set_fn(bool(enabled))
-        _BF16_CHOSEN = True
-    return bool(get_fn())
+
+def cpu_engine(dtype=torch.bfloat16) -> Tuple[str, str]:
+    """``(engine, why)``: the micro-kernel the csrc backend runs ``dtype`` attention with on this
+    CPU, chosen by the backend itself on first use by timing the candidates (``csrc/hstu_choice.cpp``)
+    -- float32: ``avx512_fp32`` or ``blas``; bfloat16: ``amx_bf16``, ``avx512_bf16`` or ``fp32``
+    (widened).  ``why`` gives the measured times.  ``("", "extension not built")`` without the
+    extension."""
+    fn = extension.kernel("hstu_engine")
+    if fn is None:
+        return "", "extension not built"
+    name, why = fn(_dtype_key(dtype))
+    return str(name), str(why)
+
+
+def cpu_engines(dtype=torch.bfloat16) -> List[str]:
+    """The engines of ``dtype`` that run on this CPU (empty without the extension)."""
+    fn = extension.kernel("hstu_engines")
+    return list(fn(_dtype_key(dtype))) if fn is not None else []
+
+
+def set_cpu_engine(dtype, name: Optional[str]) -> None:
+    """Force the csrc engine of ``dtype`` (tests, benchmarks); ``None`` forgets the choice (the
+    next call measures again)."""
+    fn = extension.kernel("hstu_set_engine")
+    if fn is None:
+        raise RuntimeError("set_cpu_engine: the csrc extension is not built")
+    fn(_dtype_key(dtype), name or "")
 
 
 # --------------------------------------------------------------------------- public API
@@ -195,8 +177,6 @@ def hstu_mha(
         timestamps = timestamps.to(torch.int64).contiguous()
     validation.check_same_device(q=q, k=k, v=v, offsets=offsets, num_targets=num_targets,
                               pos_w=pos_w, ts_w=ts_w, timestamps=timestamps)
-    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and not _BF16_CHOSEN:
-        cpu_bf16_gemm()  # measured once: bf16 GEMMs in the csrc kernel where they are faster
     return _ops.hstu_mha(
         q.contiguous(), k.contiguous(), v.contiguous(), offsets.contiguous(), float(alpha),
         max_seq_len, normalization == "seq_len", num_targets, int(contextual_seq_len),

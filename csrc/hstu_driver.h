@@ -1,0 +1,528 @@
+// The fused jagged HSTU attention's one driver, forward and backward, over a micro-kernel policy
+// ("engine") E.  Included by the translation units that define engines (hstu_generic.cpp: BLAS;
+// hstu_x86.cpp: AVX-512 / AVX512-BF16 / AMX, compiled for those ISAs): everything here has
+// internal linkage, so each unit gets its own copy compiled for its own ISA.
+//
+// No padded tensor: every sequence is read in place from the jagged [T, H, d] inputs; work and
+// memory follow sum_b n_b^2 (plus tile padding), never B * N_max^2.  Row i of a sequence sees keys
+// [0, e_i) and itself (the mask is a prefix plus the diagonal: causal, targets and the contextual
+// prefix all have that shape), so full tiles need no mask and empty tiles are skipped.
+//
+// Forward: tasks (sequence, range of query rows); a task packs K^T and V of the keys its rows see,
+// every head, into the engine's B layout (per-thread buffers), then per block of kFwdBlock rows
+// computes the block's bias once for all heads, and per head and kFwdRows rows, per key segment
+// of kFwdKeys: S = Q K^T, P = silu(alpha S + bias) masked, O += P V; O / N written once.
+// Backward: tasks (sequence, head); key blocks of kBwdKeys outside, query blocks of kBwdRows
+// inside, in the key orientation: S^T = K Q^T, dP^T = V dO^T, then P^T, dS^T; dV += P^T dO and
+// dK += dS^T Q stay in the block's accumulators, dQ^T += K^T dS^T accumulates over the key blocks.
+// The bias tables' gradients go to per-thread float64 accumulators, reduced at the end.
+//
+// An engine E provides:
+//   in_t, acc_t                     GEMM operand type, accumulation / elementwise type
+//   kRowPad, kKPad, kNPad           padding of A / C rows, of the inner dimension, of B columns
+//   b_ld(K, N), b_size(K, N)        the stride `ld` of a packed K x N B (what gemm takes) and
+//                                   its size in elements
+//   b_block(B, ld, k0, n0)          the packed B of rows k0.., columns n0..
+//   pack_b(src, lds, K, Kp, N, dst, ld)   B(k, n) = src[k lds + n] (k < K < Kp), zero padded
+//   pack_bt(src, lds, K, N, Np, dst, ld)  B(k, n) = src[n lds + k] (n < N < Np), zero padded
+//   gemm(M, N, K, A, lda, B, ld, C, ldc, accumulate)   C (+)= A B, M N K padded
+//   silu_fwd, silu_bwd             P = silu(alpha S + bias) masked; P, dS and dS's gradient rows
+//   bias_rows(m, w, lim, pos, p0, ts_w, bucketer, a, b, out, ld, ids)
+//                                   out(r, c) = pos[p0 - r + c] + ts_w[bucket(a[r] - b[c])], c < lim[r]
+//                                   (lim null: w); ids (optional) the buckets
+//   table_grads(m, w, G, ld, dpos, p0, dts, bucketer, a, b, ids, scale)
+//                                   dpos[p0 + r - c] += scale G(r, c), dts[bucket(a[r] - b[c])] += ...
+//   store_rows, store_transposed, transpose_rows   accumulators out (scaled), operand copies
+//   Thread                          RAII per-thread state (AMX: the tile configuration)
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "hstu_kernel.h"
+
+
+namespace torchrec_ascend {
+namespace hstu {
+namespace {
+
+inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+inline int max_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+inline int thread_id() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+// A 64-byte aligned scratch buffer that only grows (no std:: templates: this header is compiled
+// for several ISAs).
+template <typename T>
+struct Scratch {
+  T* p = nullptr;
+  int64_t cap = 0;
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() { std::free(p); }
+  T* get(int64_t n) {
+    if (n > cap) {
+      std::free(p);
+      const size_t bytes = static_cast<size_t>(round_up(imax(n, 1) * static_cast<int64_t>(sizeof(T)), 64));
+      p = static_cast<T*>(std::aligned_alloc(64, bytes));
+      if (p == nullptr) throw std::bad_alloc();
+      cap = n;
+    }
+    return p;
+  }
+  T* zeroed(int64_t n) {
+    T* q = get(n);
+    std::memset(q, 0, static_cast<size_t>(n) * sizeof(T));
+    return q;
+  }
+};
+
+// What a bias strip's time buckets were, kept for the tables' gradients (engines that classify
+// groups of 16 rows x 16 columns: hstu_x86.cpp): per group its kind and bucket range, and one
+// bucket per element where a group has no structure.
+struct BucketRuns {
+  int8_t* kind = nullptr;     // [row blocks x gld]
+  int32_t* kmin = nullptr;    // [row blocks x gld]
+  int32_t* kmax = nullptr;    // [row blocks x gld]
+  int64_t gld = 0;            // groups per row block
+  int32_t* ids = nullptr;     // [rows x ld]
+  int64_t ld = 0;
+};
+
+// One sequence's mask: generative-recommenders' clamped ids (contextual prefix -> 0, every target
+// -> one id); row i sees [0, prefix_end(i)) and itself.
+struct SeqMask {
+  int64_t n, c, cap;
+  SeqMask(int64_t n_, int64_t ctx, int64_t nt) : n(n_), c(ctx), cap(n_ - ctx + 1 - nt) {}
+  int64_t id(int64_t p) const { return imin(imax(p - c + 1, 0), cap); }
+  bool in_prefix(int64_t i, int64_t j) const {
+    const int64_t ri = id(i), rj = id(j);
+    return rj < ri || (c > 0 && ri == 0 && rj < cap);
+  }
+  bool valid(int64_t i, int64_t j) const { return i == j || in_prefix(i, j); }
+  // #{j in [0, n) : id(j) < X}: ids are non-decreasing, so those j are a prefix
+  int64_t below(int64_t X) const { return X > cap ? n : (X <= 0 ? 0 : imin(imax(X + c - 1, 0), n)); }
+  // the valid keys of row i other than i itself are the prefix [0, prefix_end(i)): a union of
+  // prefixes (ids below id(i); with a contextual prefix, the row's ids below cap)
+  int64_t prefix_end(int64_t i) const {
+    const int64_t r = id(i);
+    const int64_t e = below(r);
+    return (c > 0 && r == 0) ? imax(e, below(cap)) : e;
+  }
+};
+
+// Forward and backward blocking (rows / keys per block).  Multiples of 32 (the bf16 engines'
+// inner-dimension step).
+constexpr int64_t kFwdRows = 32, kFwdKeys = 128;
+constexpr int64_t kFwdBlock = 128;  // forward rows sharing one bias (all heads)
+constexpr int64_t kBwdRows = 64, kBwdKeys = 64;
+
+// (sequence, first row) tasks, most work first (dynamic scheduling balances the heavy tail)
+struct Task {
+  int64_t b, i0, cost;
+};
+
+// heap sort by cost, descending (no <algorithm>: see Scratch)
+inline void sort_tasks_desc(Task* t, int64_t n) {
+  auto sift = [&](int64_t root, int64_t end) {
+    while (true) {
+      int64_t child = 2 * root + 1;
+      if (child >= end) return;
+      if (child + 1 < end && t[child + 1].cost < t[child].cost) ++child;  // min-heap -> descending
+      if (t[child].cost < t[root].cost) {
+        Task tmp = t[root]; t[root] = t[child]; t[child] = tmp;
+        root = child;
+      } else {
+        return;
+      }
+    }
+  };
+  for (int64_t i = n / 2 - 1; i >= 0; --i) sift(i, n);
+  for (int64_t end = n - 1; end > 0; --end) {
+    Task tmp = t[0]; t[0] = t[end]; t[end] = tmp;
+    sift(0, end);
+  }
+}
+
+inline double norm_of(int64_t n, int64_t max_seq_len, bool by_len) {
+  return static_cast<double>(by_len ? imax(n, 1) : max_seq_len);
+}
+
+// ============================================================================ forward
+
+// Rows [r0, r1) of sequence b (h: the head, for tasks that have one).
+struct RowTask {
+  int64_t b, h, r0, r1, cost;
+};
+
+// Tasks over rows of the sequences (and, with `per_head`, of each head), a long sequence cut into
+// row ranges (multiples of `step` rows) so that no task holds more than about 1 / (4 threads) of
+// the work: dynamic scheduling then balances the heavy tail; most work first.  The cost of a row
+// ~ the keys it sees (i + 1).
+inline int64_t row_tasks(const int64_t* off, int64_t B, int64_t H, bool per_head, int64_t step, int nthreads,
+                         Scratch<RowTask>& buf, RowTask*& out) {
+  const int64_t hs = per_head ? H : 1;
+  double total = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const double n = static_cast<double>(off[b + 1] - off[b]);
+    total += n * (n + 1) / 2 * static_cast<double>(hs);
+  }
+  const double cap = nthreads > 1 ? total / (4.0 * nthreads) : total + 1;
+  int64_t count = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    count = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t n = off[b + 1] - off[b];
+      if (n == 0) continue;
+      for (int64_t h = 0; h < hs; ++h) {
+        int64_t r0 = 0;
+        while (r0 < n) {
+          int64_t r1 = r0;
+          double c = 0;
+          while (r1 < n) {
+            const double add = static_cast<double>(imin(r1 + step, n) - r1) * static_cast<double>(r1 + 1);
+            if (r1 > r0 && c + add > cap) break;
+            c += add;
+            r1 = imin(r1 + step, n);
+          }
+          if (pass == 1) out[count] = {b, h, r0, r1, static_cast<int64_t>(c)};
+          ++count;
+          r0 = r1;
+        }
+      }
+    }
+    if (pass == 0) out = buf.get(count);
+  }
+  // most work first (heap sort, descending)
+  auto sift = [&](int64_t root, int64_t end) {
+    while (true) {
+      int64_t child = 2 * root + 1;
+      if (child >= end) return;
+      if (child + 1 < end && out[child + 1].cost < out[child].cost) ++child;
+      if (out[child].cost < out[root].cost) {
+        RowTask tmp = out[root]; out[root] = out[child]; out[child] = tmp;
+        root = child;
+      } else {
+        return;
+      }
+    }
+  };
+  for (int64_t i = count / 2 - 1; i >= 0; --i) sift(i, count);
+  for (int64_t e = count - 1; e > 0; --e) {
+    RowTask tmp = out[0]; out[0] = out[e]; out[e] = tmp;
+    sift(0, e);
+  }
+  return count;
+}
+
+template <class E>
+void forward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t* q,
+                    const typename E::in_t* k, const typename E::in_t* v, typename E::in_t* out) {
+  using in_t = typename E::in_t;
+  using acc_t = typename E::acc_t;
+  const int64_t H = P.H, dqk = P.dqk, dv = P.dv, ldq = H * dqk, ldv = H * dv;
+  const int64_t dqkK = round_up(dqk, E::kKPad), dvN = round_up(dv, E::kNPad);
+  const int64_t keyPad = imax(E::kKPad, E::kNPad);
+  const int nthreads = max_threads();
+  Scratch<RowTask> task_buf;
+  RowTask* tasks = nullptr;
+  const int64_t ntask = row_tasks(P.off, P.B, H, false, kFwdBlock, nthreads, task_buf, tasks);
+  int64_t nmax = 0;
+  for (int64_t b = 0; b < P.B; ++b) nmax = imax(nmax, P.len(b));
+  const int64_t npmax = round_up(imax(nmax, 1), keyPad);
+  const acc_t alpha = static_cast<acc_t>(P.alpha);
+  const int64_t mP = round_up(kFwdRows, E::kRowPad);
+  const int64_t ktsz = E::b_size(dqk, npmax), vsz = E::b_size(npmax, dv);
+
+#pragma omp parallel num_threads(nthreads)
+  {
+    [[maybe_unused]] typename E::Thread scope;
+    Scratch<in_t> qbuf, pbuf, ktbuf, vbuf;
+    Scratch<acc_t> sbuf, obuf, biasbuf;
+    Scratch<int64_t> rowbuf;
+    in_t* Qb = qbuf.get(mP * dqkK);
+    in_t* Pb = pbuf.get(mP * kFwdKeys);
+    acc_t* Sb = sbuf.get(mP * kFwdKeys);
+    acc_t* Ob = obuf.get(mP * dvN);
+    in_t* KT = ktbuf.get(H * ktsz);
+    in_t* VP = vbuf.get(H * vsz);
+    const int64_t ldbmax = round_up(npmax, 16);
+    acc_t* bias = P.has_bias() ? biasbuf.get(kFwdBlock * ldbmax) : nullptr;
+    int64_t* rows = rowbuf.get(4 * kFwdBlock + 2 * kFwdRows);
+    int64_t *fe = rows, *lim = rows + kFwdBlock, *tq = rows + 2 * kFwdBlock, *full = rows + 4 * kFwdBlock,
+            *selfc = rows + 4 * kFwdBlock + kFwdRows;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < ntask; ++t) {
+      const int64_t b = tasks[t].b, r0 = tasks[t].r0, r1 = tasks[t].r1;
+      const int64_t n = P.len(b), s0 = P.off[b];
+      const SeqMask mask(n, P.ctx, P.nt ? P.nt[b] : 0);
+      // keys any row of the task sees, packed for every head (K^T: dqk x keys, V: keys x dv)
+      int64_t kend_task = r1;
+      for (int64_t i = r0; i < r1; ++i) kend_task = imax(kend_task, mask.prefix_end(i));
+      const int64_t np = round_up(kend_task, keyPad);
+      const int64_t ldkt = E::b_ld(dqk, np), ldvp = E::b_ld(np, dv);
+      for (int64_t h = 0; h < H; ++h) {
+        E::pack_bt(k + s0 * ldq + h * dqk, ldq, dqk, kend_task, np, KT + h * ktsz, ldkt);
+        E::pack_b(v + s0 * ldv + h * dv, ldv, kend_task, np, dv, VP + h * vsz, ldvp);
+      }
+      const acc_t inv = static_cast<acc_t>(1.0 / norm_of(n, P.max_seq_len, P.by_len));
+      // blocks of kFwdBlock rows share one bias (all heads)
+      for (int64_t B0 = r0; B0 < r1; B0 += kFwdBlock) {
+        const int64_t mb = imin(kFwdBlock, r1 - B0);
+        int64_t kendB = 0;
+        for (int64_t r = 0; r < mb; ++r) {
+          const int64_t i = B0 + r;
+          fe[r] = mask.prefix_end(i);
+          lim[r] = imax(fe[r], i + 1);
+          kendB = imax(kendB, lim[r]);
+          if (P.ts_w) tq[r] = P.ts[s0 + imin(i + 1, n - 1)];
+        }
+        // bias (r, c) = pos_w[msl - 1 + j - i] + ts_w[bucket(tq_i - ts_j)], i = B0 + r, j = c
+        const int64_t ldbias = round_up(kendB, 16);
+        if (bias) {
+          E::bias_rows(mb, kendB, lim, P.pos_w, P.max_seq_len - 1 - B0, P.ts_w, P.bucketer, tq,
+                       P.ts ? P.ts + s0 : nullptr, bias, ldbias, static_cast<BucketRuns*>(nullptr));
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          const in_t* KTh = KT + h * ktsz;
+          const in_t* VPh = VP + h * vsz;
+          for (int64_t i0 = B0; i0 < B0 + mb; i0 += kFwdRows) {
+            const int64_t m = imin(kFwdRows, B0 + mb - i0), mp = round_up(m, E::kRowPad), rb = i0 - B0;
+            int64_t kend = 0, full_all = n;
+            for (int64_t r = 0; r < m; ++r) {
+              kend = imax(kend, lim[rb + r]);
+              full_all = imin(full_all, fe[rb + r]);
+            }
+            // the rows' Q, zero padded (rows to mp, columns to dqkK)
+            for (int64_t r = 0; r < mp; ++r) {
+              in_t* row = Qb + r * dqkK;
+              if (r < m) {
+                std::memcpy(row, q + (s0 + i0 + r) * ldq + h * dqk, dqk * sizeof(in_t));
+                std::memset(row + dqk, 0, (dqkK - dqk) * sizeof(in_t));
+              } else {
+                std::memset(row, 0, dqkK * sizeof(in_t));
+              }
+            }
+            if (mp > m) std::memset(Pb + m * kFwdKeys, 0, (mp - m) * kFwdKeys * sizeof(in_t));
+            for (int64_t j0 = 0; j0 < kend; j0 += kFwdKeys) {
+              const int64_t w = imin(kFwdKeys, kend - j0), wK = round_up(w, keyPad);
+              E::gemm(mp, wK, dqkK, Qb, dqkK, E::b_block(KTh, ldkt, 0, j0), ldkt, Sb, kFwdKeys, false);
+              const bool all_valid = j0 + w <= full_all;
+              for (int64_t r = 0; r < m; ++r) {
+                full[r] = imin(imax(fe[rb + r] - j0, 0), w);
+                const int64_t sc = i0 + r - j0;
+                selfc[r] = (sc >= 0 && sc < w) ? sc : -1;
+              }
+              E::silu_fwd(m, w, wK, Sb, kFwdKeys, bias ? bias + rb * ldbias + j0 : nullptr, ldbias,
+                          all_valid ? nullptr : full, selfc, alpha, Pb, kFwdKeys);
+              E::gemm(mp, dvN, wK, Pb, kFwdKeys, E::b_block(VPh, ldvp, j0, 0), ldvp, Ob, dvN, j0 > 0);
+            }
+            E::store_rows(m, dv, Ob, dvN, inv, out + (s0 + i0) * ldv + h * dv, ldv);
+          }
+        }
+      }
+    }
+  }
+}
+
+// ============================================================================ backward
+
+template <class E>
+void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t* go,
+                     const typename E::in_t* q, const typename E::in_t* k, const typename E::in_t* v,
+                     typename E::in_t* dq, typename E::in_t* dk, typename E::in_t* dv, double* dpos,
+                     double* dts) {
+  using in_t = typename E::in_t;
+  using acc_t = typename E::acc_t;
+  const int64_t H = P.H, dqk = P.dqk, dvd = P.dv, ldq = H * dqk, ldv = H * dvd;
+  const int64_t dqkK = round_up(dqk, E::kKPad), dvK = round_up(dvd, E::kKPad);
+  const int64_t dqkN = round_up(dqk, E::kNPad), dvN = round_up(dvd, E::kNPad);
+  const int64_t dqkM = round_up(dqk, E::kRowPad);
+  const int64_t npos = P.pos_w ? 2 * P.max_seq_len - 1 : 0, nts = P.ts_w ? P.nts : 0;
+  const int nthreads = max_threads();
+
+  // the position table reversed: the key-oriented tiles read pos_w[msl - 1 + j - i] along i
+  Scratch<acc_t> pos_rev_buf;
+  acc_t* pos_rev = nullptr;
+  if (P.pos_w) {
+    pos_rev = pos_rev_buf.get(npos);
+    for (int64_t x = 0; x < npos; ++x) pos_rev[x] = P.pos_w[npos - 1 - x];
+  }
+  Scratch<double> grads_buf;
+  double* grads = grads_buf.zeroed(nthreads * (npos + nts));
+
+  int64_t ntask = P.B * H;
+  Scratch<Task> task_buf;
+  Task* tasks = task_buf.get(ntask);
+  for (int64_t b = 0; b < P.B; ++b)
+    for (int64_t h = 0; h < H; ++h) tasks[b * H + h] = {b, h, P.len(b) * P.len(b)};
+  sort_tasks_desc(tasks, ntask);
+  const acc_t alpha = static_cast<acc_t>(P.alpha);
+  const int64_t KBM = round_up(kBwdKeys, E::kRowPad), KBK = round_up(kBwdKeys, E::kKPad);
+
+#pragma omp parallel num_threads(nthreads)
+  {
+    [[maybe_unused]] typename E::Thread scope;
+    double* my_grads = grads + thread_id() * (npos + nts);
+    Scratch<in_t> ka_b, va_b, qtb_b, dotb_b, dob_b, qb_b, kta_b, pa_b, dsa_b, dsb_b;
+    Scratch<acc_t> st_b, dpt_b, bias_b, g_b, dqt_b, dk_b, dv_b;
+    Scratch<int64_t> cols_b, tq_b;
+    Scratch<int32_t> ids_b, kmin_b, kmax_b;
+    Scratch<int8_t> kind_b;
+    in_t* PA = pa_b.get(KBM * kBwdRows);
+    in_t* dSA = dsa_b.get(KBM * kBwdRows);
+    const int64_t ldsb = E::kBSeparate ? E::b_ld(KBK, kBwdRows) : kBwdRows;
+    in_t* dSB = E::kBSeparate ? dsb_b.get(E::b_size(KBK, kBwdRows)) : dSA;
+    acc_t* ST = st_b.get(KBM * kBwdRows);
+    acc_t* DPT = dpt_b.get(KBM * kBwdRows);
+    acc_t* DK = dk_b.get(KBM * dqkN);
+    acc_t* DV = dv_b.get(KBM * dvN);
+    int64_t* tsk = tq_b.get(kBwdKeys);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < ntask; ++t) {
+      const int64_t b = tasks[t].b, h = tasks[t].i0, n = P.len(b), s0 = P.off[b];
+      if (n == 0) continue;
+      const int64_t np = round_up(n, imax(kBwdKeys, kBwdRows));
+      const SeqMask mask(n, P.ctx, P.nt ? P.nt[b] : 0);
+      const acc_t inv = static_cast<acc_t>(1.0 / norm_of(n, P.max_seq_len, P.by_len));
+      // operands of this (sequence, head), padded with zeros
+      in_t* KA = ka_b.get(np * dqkK);   // A: keys x dqk
+      in_t* VA = va_b.get(np * dvK);    // A: keys x dv
+      // strides of the dqk x keys arrays: not a multiple of 4 KiB (16 rows of a tile in one L1 set)
+      const int64_t ldkta = np + 64 / static_cast<int64_t>(sizeof(in_t)), lddqt = np + 16;
+      in_t* KTA = kta_b.get(dqkM * ldkta); // A: dqk x keys
+      for (int64_t j = 0; j < np; ++j) {
+        in_t* kr = KA + j * dqkK;
+        in_t* vr = VA + j * dvK;
+        if (j < n) {
+          std::memcpy(kr, k + (s0 + j) * ldq + h * dqk, dqk * sizeof(in_t));
+          std::memset(kr + dqk, 0, (dqkK - dqk) * sizeof(in_t));
+          std::memcpy(vr, v + (s0 + j) * ldv + h * dvd, dvd * sizeof(in_t));
+          std::memset(vr + dvd, 0, (dvK - dvd) * sizeof(in_t));
+        } else {
+          std::memset(kr, 0, dqkK * sizeof(in_t));
+          std::memset(vr, 0, dvK * sizeof(in_t));
+        }
+      }
+      E::transpose_rows(KA, dqkK, np, dqk, KTA, ldkta);
+      if (dqkM > dqk) std::memset(KTA + dqk * ldkta, 0, (dqkM - dqk) * ldkta * sizeof(in_t));
+      const int64_t ldqt = E::b_ld(dqk, np), lddot = E::b_ld(dvd, np), lddo = E::b_ld(np, dvd),
+                    ldqb = E::b_ld(np, dqk);
+      in_t* QTB = qtb_b.get(E::b_size(dqk, np));   // B: dqk x queries
+      in_t* DOTB = dotb_b.get(E::b_size(dvd, np)); // B: dv x queries
+      in_t* DOB = dob_b.get(E::b_size(np, dvd));   // B: queries x dv
+      in_t* QB = qb_b.get(E::b_size(np, dqk));     // B: queries x dqk
+      const in_t* qh = q + s0 * ldq + h * dqk;
+      const in_t* goh = go + s0 * ldv + h * dvd;
+      E::pack_bt(qh, ldq, dqk, n, np, QTB, ldqt);
+      E::pack_bt(goh, ldv, dvd, n, np, DOTB, lddot);
+      E::pack_b(goh, ldv, n, np, dvd, DOB, lddo);
+      E::pack_b(qh, ldq, n, np, dqk, QB, ldqb);
+      // per query: the end of its key prefix; per query block: the largest one
+      const int64_t nqb = np / kBwdRows;
+      int64_t* e = cols_b.get(2 * n + nqb + 16);
+      int64_t* emax = e + n;
+      int64_t* tqv = P.ts_w ? e + n + nqb : nullptr;
+      for (int64_t i = 0; i < n; ++i) e[i] = mask.prefix_end(i);
+      for (int64_t qb = 0; qb < nqb; ++qb) {
+        int64_t mx = 0;
+        for (int64_t i = qb * kBwdRows; i < imin(n, (qb + 1) * kBwdRows); ++i) mx = imax(mx, e[i]);
+        emax[qb] = mx;
+      }
+      if (tqv) for (int64_t i = 0; i < n; ++i) tqv[i] = P.ts[s0 + imin(i + 1, n - 1)];
+      // a key block's bias and dS (for the tables' gradients) over all the queries that see it:
+      // strips of kBwdKeys rows, one row per key
+      const int64_t lds = round_up(np, 16) + 16;
+      acc_t* bias = P.has_bias() ? bias_b.get(kBwdKeys * lds) : nullptr;
+      acc_t* G = P.has_bias() ? g_b.get(kBwdKeys * lds) : nullptr;
+      BucketRuns runs;
+      if (P.ts_w) {
+        runs.ld = lds;
+        runs.ids = ids_b.get(kBwdKeys * lds);
+        runs.gld = lds / 16 + 1;
+        runs.kind = kind_b.get(kBwdKeys * runs.gld);
+        runs.kmin = kmin_b.get(kBwdKeys * runs.gld);
+        runs.kmax = kmax_b.get(kBwdKeys * runs.gld);
+      }
+      acc_t* DQT = dqt_b.zeroed(dqkM * lddqt);  // dQ^T: dqk x queries
+      for (int64_t j0 = 0; j0 < n; j0 += kBwdKeys) {
+        const int64_t m = imin(kBwdKeys, n - j0), mM = round_up(m, E::kRowPad), mK = round_up(m, E::kKPad);
+        if (P.ts_w) for (int64_t r = 0; r < m; ++r) tsk[r] = P.ts[s0 + j0 + r];
+        // the query blocks that see these keys start at cs
+        auto visible = [&](int64_t i0) {
+          const int64_t w = imin(kBwdRows, n - i0);
+          return (i0 < j0 + m && j0 < i0 + w) || emax[i0 / kBwdRows] > j0;
+        };
+        int64_t cs = 0;
+        while (cs < n && !visible(cs)) cs += kBwdRows;
+        const int64_t ws = n - cs;
+        if (bias) {
+          // strip (r, c) = pos_w[msl - 1 + j - i] = pos_rev[msl - 1 + i - j] + ts_w[bucket(ts_j - tq_i)],
+          // j = j0 + r, i = cs + c
+          E::bias_rows(m, ws, nullptr, pos_rev, P.max_seq_len - 1 + cs - j0, P.ts_w, P.bucketer, tsk,
+                       tqv ? tqv + cs : nullptr, bias, lds, P.ts_w ? &runs : nullptr);
+        }
+        bool first = true;
+        for (int64_t i0 = cs; i0 < n; i0 += kBwdRows) {
+          const int64_t w = imin(kBwdRows, n - i0), wK = round_up(w, imax(E::kKPad, E::kNPad));
+          if (!visible(i0)) {  // no query here sees these keys
+            if (G) for (int64_t r = 0; r < m; ++r) std::memset(G + r * lds + (i0 - cs), 0, w * sizeof(acc_t));
+            continue;
+          }
+          E::gemm(mM, wK, dqkK, KA + j0 * dqkK, dqkK, E::b_block(QTB, ldqt, 0, i0), ldqt, ST, kBwdRows, false);
+          E::gemm(mM, wK, dvK, VA + j0 * dvK, dvK, E::b_block(DOTB, lddot, 0, i0), lddot, DPT, kBwdRows, false);
+          E::silu_bwd(m, mK, w, wK, ST, DPT, kBwdRows, bias ? bias + (i0 - cs) : nullptr, lds, j0, i0, e + i0,
+                      alpha, PA, dSA, kBwdRows, dSB, ldsb, G ? G + (i0 - cs) : nullptr, lds);
+          E::gemm(mM, dvN, wK, PA, kBwdRows, E::b_block(DOB, lddo, i0, 0), lddo, DV, dvN, !first);
+          E::gemm(mM, dqkN, wK, dSA, kBwdRows, E::b_block(QB, ldqb, i0, 0), ldqb, DK, dqkN, !first);
+          E::gemm(dqkM, wK, mK, KTA + j0, ldkta, dSB, ldsb, DQT + i0, lddqt, true);
+          first = false;
+        }
+        if (G) {
+          // element (r, c): dpos[msl - 1 + j - i] with j = j0 + r, i = cs + c
+          E::table_grads(m, ws, G, lds, P.pos_w ? my_grads : nullptr, P.max_seq_len - 1 + j0 - cs,
+                         P.ts_w ? my_grads + npos : nullptr, P.bucketer, tsk, tqv ? tqv + cs : nullptr,
+                         P.ts_w ? &runs : nullptr, static_cast<double>(inv));
+        }
+        if (first) {  // cannot happen (a key sees itself); keep the outputs defined anyway
+          std::memset(DK, 0, mM * dqkN * sizeof(acc_t));
+          std::memset(DV, 0, mM * dvN * sizeof(acc_t));
+        }
+        E::store_rows(m, dqk, DK, dqkN, alpha * inv, dk + (s0 + j0) * ldq + h * dqk, ldq);
+        E::store_rows(m, dvd, DV, dvN, inv, dv + (s0 + j0) * ldv + h * dvd, ldv);
+      }
+      E::store_transposed(dqk, n, DQT, lddqt, alpha * inv, dq + s0 * ldq + h * dqk, ldq);
+    }
+  }
+  for (int th = 0; th < nthreads; ++th) {
+    const double* g = grads + th * (npos + nts);
+    for (int64_t x = 0; x < npos; ++x) dpos[x] += g[x];
+    for (int64_t x = 0; x < nts; ++x) dts[x] += g[npos + x];
+  }
+}
+
+}  // namespace
+}  // namespace hstu
+}  // namespace torchrec_ascend

@@ -1,0 +1,419 @@
+// The elementwise part of one HSTU layer on CPU, fused (modules/hstu_fused.py wraps them in
+// autograd functions; torch code is the fallback):
+//
+//   hstu_silu_split(h) -> u, v, q, k        silu of the UVQK projection, split into four
+//                                           contiguous [T, width] tensors (one pass: no silu
+//                                           tensor, no copies for the attention's inputs)
+//   hstu_silu_split_bwd(du, dv, dq, dk, h) -> dh
+//   hstu_norm_gate(attn, u, p, seed) -> y, mean, rstd
+//                                           y = dropout_p(u * LayerNorm(attn)) (no affine, eps
+//                                           1e-6, statistics in fp32), y in u's dtype
+//   hstu_norm_gate_bwd(dy, attn, u, mean, rstd, p, seed) -> dattn, du
+//   hstu_dropout(x, p, seed) -> y;  hstu_dropout_bwd(dy, p, seed) -> dx
+//
+// Dropout masks come from a counter-based hash of (seed, element index) (murmur3's finalizer):
+// the backward regenerates the mask instead of storing it, and the forward does not draw one
+// random number per element from torch's generator (bernoulli_ cost ~8 ns per element here,
+// more than the rest of the layer's elementwise work).  A kept element is scaled by 1 / (1 - p).
+// float32 and bfloat16 tensors (every output in its input's dtype; arithmetic in fp32).
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+#include <type_traits>
+
+#include "hstu_layer_kernels.h"
+#include "hstu_math.h"
+#include "isa.h"
+#include "parallel.h"
+#include "torchrec_ascend.h"
+
+namespace torchrec_ascend {
+
+namespace {
+
+using bf16 = c10::BFloat16;
+
+// bf16 <-> fp32 as plain bit operations (round to nearest even; NaN stays NaN) that GCC vectorises
+__attribute__((always_inline)) inline float to_f(float x) { return x; }
+__attribute__((always_inline)) inline float to_f(bf16 x) {
+  const uint32_t u = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+template <typename T>
+__attribute__((always_inline)) inline T from_f(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return bf16(static_cast<uint16_t>(nan ? (u >> 16) | 0x40u : r), bf16::from_bits());
+  }
+}
+
+struct Dropout : hstu::LayerDropout {
+  Dropout(double p, int64_t s) {
+    TORCH_CHECK_VALUE(p >= 0.0 && p < 1.0, "p: dropout probability must be in [0, 1), got ", p);
+    seed = static_cast<uint64_t>(s);
+    on = p > 0.0;
+    threshold = static_cast<uint32_t>(std::min(p * 4294967296.0, 4294967295.0));
+    scale = on ? static_cast<float>(1.0 / (1.0 - p)) : 1.0f;
+  }
+  // the factor of element idx: 0 or 1 / (1 - p)
+  __attribute__((always_inline)) float factor(uint64_t idx) const {
+    return !on ? 1.0f : (hstu::layer_mask_hash(seed, idx) >= threshold ? scale : 0.0f);
+  }
+};
+
+#if defined(TRASC_HSTU_X86_ENGINES)
+inline bool avx512() { return isa() == Isa::kAvx512; }
+#define TRASC_LAYER_AVX512(call) \
+  if (avx512()) {                \
+    call;                        \
+  } else
+#else
+#define TRASC_LAYER_AVX512(call)
+#endif
+
+__attribute__((always_inline)) inline float sigmoid(float z) { return 1.0f / (1.0f + hstu::exp_f32(-z)); }
+
+void check_2d(const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.device().is_cpu() && t.dim() == 2, name, ": expected a 2-D CPU tensor, got ", t.sizes(), " on ",
+                    t.device());
+  TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
+                    ": dtype must be float32 or bfloat16, got ", t.scalar_type());
+}
+
+template <typename F>
+void over_rows(int64_t rows, int64_t cols, F&& f) {
+  parallel_over(rows, rows * cols, [&](int64_t r0, int64_t r1) { f(r0, r1); });
+}
+
+// Row-range bodies (templates, inlined into the per-dtype functions below, which GCC clones for
+// AVX-512 and AVX2 and picks at load time; the extension itself is built for the baseline ISA).
+#define TRA_LAYER_VECTOR __attribute__((target_clones("avx512f", "avx2", "default"), optimize("no-trapping-math")))
+
+// ------------------------------------------------------------------------- silu + split
+
+template <typename T>
+__attribute__((always_inline)) inline void silu_split_range(const T* h, int64_t r0, int64_t r1, int64_t width,
+                                                            const int64_t* w4, T* const* outs) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* hr = h + r * width;
+    int64_t c0 = 0;
+    for (int part = 0; part < 4; ++part) {
+      T* o = outs[part] + r * w4[part];
+      const T* src = hr + c0;
+      for (int64_t c = 0; c < w4[part]; ++c) {
+        const float z = to_f(src[c]);
+        o[c] = from_f<T>(z * sigmoid(z));
+      }
+      c0 += w4[part];
+    }
+  }
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void silu_split_bwd_range(const T* h, int64_t r0, int64_t r1, int64_t width,
+                                                                const int64_t* w4, const T* const* grads, T* dh) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* hr = h + r * width;
+    T* dr = dh + r * width;
+    int64_t c0 = 0;
+    for (int part = 0; part < 4; ++part) {
+      const T* g = grads[part] + r * w4[part];
+      for (int64_t c = 0; c < w4[part]; ++c) {
+        const float z = to_f(hr[c0 + c]);
+        const float sg = sigmoid(z);
+        dr[c0 + c] = from_f<T>(to_f(g[c]) * sg * (1.0f + z * (1.0f - sg)));
+      }
+      c0 += w4[part];
+    }
+  }
+}
+
+// ------------------------------------------------------------------------- norm + gate + dropout
+
+constexpr float kEps = 1e-6f;
+
+template <typename T>
+__attribute__((always_inline)) inline void norm_gate_range(const T* attn, const T* u, int64_t r0, int64_t r1,
+                                                           int64_t D, const Dropout& drop, T* y, float* mean,
+                                                           float* rstd) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* a = attn + r * D;
+    float s = 0.0f;
+    for (int64_t c = 0; c < D; ++c) s += to_f(a[c]);
+    const float m = s / static_cast<float>(D);
+    float ss = 0.0f;  // two passes: no cancellation
+    for (int64_t c = 0; c < D; ++c) {
+      const float x = to_f(a[c]) - m;
+      ss += x * x;
+    }
+    const float rs = 1.0f / std::sqrt(ss / static_cast<float>(D) + kEps);
+    mean[r] = m;
+    rstd[r] = rs;
+    const T* ur = u + r * D;
+    T* yr = y + r * D;
+    const uint64_t base = static_cast<uint64_t>(r) * static_cast<uint64_t>(D);
+    for (int64_t c = 0; c < D; ++c)
+      yr[c] = from_f<T>(to_f(ur[c]) * (to_f(a[c]) - m) * rs * drop.factor(base + static_cast<uint64_t>(c)));
+  }
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void norm_gate_bwd_range(const T* dy, const T* attn, const T* u,
+                                                               const float* mean, const float* rstd, int64_t r0,
+                                                               int64_t r1, int64_t D, const Dropout& drop, T* dattn,
+                                                               T* du) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* a = attn + r * D;
+    const T* ur = u + r * D;
+    const T* g = dy + r * D;
+    const float m = mean[r], rs = rstd[r];
+    const uint64_t base = static_cast<uint64_t>(r) * static_cast<uint64_t>(D);
+    // g' = dy * mask / (1 - p); du = g' * a_hat; d a_hat = g' * u
+    float sum_d = 0.0f, sum_dx = 0.0f;
+    T* dur = du + r * D;
+    for (int64_t c = 0; c < D; ++c) {
+      const float gm = to_f(g[c]) * drop.factor(base + static_cast<uint64_t>(c));
+      const float xh = (to_f(a[c]) - m) * rs;
+      dur[c] = from_f<T>(gm * xh);
+      const float dx = gm * to_f(ur[c]);
+      sum_d += dx;
+      sum_dx += dx * xh;
+    }
+    const float md = sum_d / static_cast<float>(D), mdx = sum_dx / static_cast<float>(D);
+    T* da = dattn + r * D;
+    for (int64_t c = 0; c < D; ++c) {
+      const float gm = to_f(g[c]) * drop.factor(base + static_cast<uint64_t>(c));
+      const float xh = (to_f(a[c]) - m) * rs;
+      da[c] = from_f<T>(rs * (gm * to_f(ur[c]) - md - xh * mdx));
+    }
+  }
+}
+
+// ------------------------------------------------------------------------- dropout
+
+template <typename T>
+__attribute__((always_inline)) inline void dropout_range(const T* x, int64_t r0, int64_t r1, int64_t D,
+                                                         const Dropout& drop, T* y) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint64_t base = static_cast<uint64_t>(r) * static_cast<uint64_t>(D);
+    for (int64_t c = 0; c < D; ++c)
+      y[r * D + c] = from_f<T>(to_f(x[r * D + c]) * drop.factor(base + static_cast<uint64_t>(c)));
+  }
+}
+
+// the per-dtype (vector-cloned) instances
+#define TRA_LAYER_INSTANCES(T, S)                                                                                    \
+  TRA_LAYER_VECTOR void silu_split_##S(const T* h, int64_t r0, int64_t r1, int64_t width, const int64_t* w4,      \
+                                       T* const* outs) {                                                            \
+    silu_split_range<T>(h, r0, r1, width, w4, outs);                                                               \
+  }                                                                                                                 \
+  TRA_LAYER_VECTOR void silu_split_bwd_##S(const T* h, int64_t r0, int64_t r1, int64_t width, const int64_t* w4,  \
+                                           const T* const* grads, T* dh) {                                          \
+    silu_split_bwd_range<T>(h, r0, r1, width, w4, grads, dh);                                                      \
+  }                                                                                                                 \
+  TRA_LAYER_VECTOR void norm_gate_##S(const T* attn, const T* u, int64_t r0, int64_t r1, int64_t D,               \
+                                      const Dropout& drop, T* y, float* mean, float* rstd) {                        \
+    norm_gate_range<T>(attn, u, r0, r1, D, drop, y, mean, rstd);                                                    \
+  }                                                                                                                 \
+  TRA_LAYER_VECTOR void norm_gate_bwd_##S(const T* dy, const T* attn, const T* u, const float* mean,              \
+                                          const float* rstd, int64_t r0, int64_t r1, int64_t D, const Dropout& drop, \
+                                          T* dattn, T* du) {                                                        \
+    norm_gate_bwd_range<T>(dy, attn, u, mean, rstd, r0, r1, D, drop, dattn, du);                                   \
+  }                                                                                                                 \
+  TRA_LAYER_VECTOR void dropout_##S(const T* x, int64_t r0, int64_t r1, int64_t D, const Dropout& drop, T* y) {    \
+    dropout_range<T>(x, r0, r1, D, drop, y);                                                                        \
+  }
+TRA_LAYER_INSTANCES(float, f32)
+TRA_LAYER_INSTANCES(bf16, bf16)
+#undef TRA_LAYER_INSTANCES
+#undef TRA_LAYER_VECTOR
+
+// overloads picking the instance by pointer type
+inline void silu_split(const float* h, int64_t r0, int64_t r1, int64_t w, const int64_t* w4, float* const* o) {
+  silu_split_f32(h, r0, r1, w, w4, o);
+}
+inline void silu_split(const bf16* h, int64_t r0, int64_t r1, int64_t w, const int64_t* w4, bf16* const* o) {
+  silu_split_bf16(h, r0, r1, w, w4, o);
+}
+inline void silu_split_bwd(const float* h, int64_t r0, int64_t r1, int64_t w, const int64_t* w4,
+                           const float* const* g, float* dh) {
+  silu_split_bwd_f32(h, r0, r1, w, w4, g, dh);
+}
+inline void silu_split_bwd(const bf16* h, int64_t r0, int64_t r1, int64_t w, const int64_t* w4, const bf16* const* g,
+                           bf16* dh) {
+  silu_split_bwd_bf16(h, r0, r1, w, w4, g, dh);
+}
+inline void norm_gate(const float* a, const float* u, int64_t r0, int64_t r1, int64_t D, const Dropout& d, float* y,
+                      float* m, float* rs) {
+  norm_gate_f32(a, u, r0, r1, D, d, y, m, rs);
+}
+inline void norm_gate(const bf16* a, const bf16* u, int64_t r0, int64_t r1, int64_t D, const Dropout& d, bf16* y,
+                      float* m, float* rs) {
+  norm_gate_bf16(a, u, r0, r1, D, d, y, m, rs);
+}
+inline void norm_gate_bwd(const float* dy, const float* a, const float* u, const float* m, const float* rs, int64_t r0,
+                          int64_t r1, int64_t D, const Dropout& d, float* da, float* du) {
+  norm_gate_bwd_f32(dy, a, u, m, rs, r0, r1, D, d, da, du);
+}
+inline void norm_gate_bwd(const bf16* dy, const bf16* a, const bf16* u, const float* m, const float* rs, int64_t r0,
+                          int64_t r1, int64_t D, const Dropout& d, bf16* da, bf16* du) {
+  norm_gate_bwd_bf16(dy, a, u, m, rs, r0, r1, D, d, da, du);
+}
+inline void dropout(const float* x, int64_t r0, int64_t r1, int64_t D, const Dropout& d, float* y) {
+  dropout_f32(x, r0, r1, D, d, y);
+}
+inline void dropout(const bf16* x, int64_t r0, int64_t r1, int64_t D, const Dropout& d, bf16* y) {
+  dropout_bf16(x, r0, r1, D, d, y);
+}
+
+template <typename F>
+void by_dtype(const at::Tensor& t, F&& f) {
+  if (t.scalar_type() == at::kFloat) f(float{}); else f(bf16{});
+}
+
+}  // namespace
+
+std::vector<at::Tensor> hstu_silu_split(const at::Tensor& h, std::vector<int64_t> widths) {
+  check_2d("h", h);
+  TORCH_CHECK_VALUE(widths.size() == 4, "widths: expected 4 (u, v, q, k), got ", widths.size());
+  int64_t total = 0;
+  for (int64_t w : widths) {
+    TORCH_CHECK_VALUE(w >= 0, "widths: must be >= 0, got ", w);
+    total += w;
+  }
+  TORCH_CHECK_VALUE(total == h.size(1), "widths: sum ", total, " must equal h's columns ", h.size(1));
+  at::Tensor hc = h.contiguous();
+  std::vector<at::Tensor> outs;
+  for (int64_t w : widths) outs.push_back(at::empty({h.size(0), w}, h.options()));
+  by_dtype(h, [&](auto tag) {
+    using T = decltype(tag);
+    T* o[4] = {outs[0].data_ptr<T>(), outs[1].data_ptr<T>(), outs[2].data_ptr<T>(), outs[3].data_ptr<T>()};
+    const T* hp = hc.data_ptr<T>();
+    over_rows(h.size(0), total, [&](int64_t r0, int64_t r1) {
+      TRASC_LAYER_AVX512(hstu::detail::avx512_silu_split(!std::is_same_v<T, float>, hp, r0, r1, total,
+                                                         widths.data(), reinterpret_cast<void* const*>(o)))
+      silu_split(hp, r0, r1, total, widths.data(), o);
+    });
+  });
+  return outs;
+}
+
+at::Tensor hstu_silu_split_bwd(const std::vector<at::Tensor>& grads, const at::Tensor& h) {
+  check_2d("h", h);
+  TORCH_CHECK_VALUE(grads.size() == 4, "grads: expected 4 (du, dv, dq, dk), got ", grads.size());
+  std::vector<at::Tensor> gc;
+  int64_t w4[4], total = 0;
+  for (int i = 0; i < 4; ++i) {
+    const at::Tensor& g = grads[i];
+    TORCH_CHECK_VALUE(g.dim() == 2 && g.size(0) == h.size(0), "grads[", i, "]: expected [", h.size(0), ", w], got ",
+                      g.sizes());
+    gc.push_back(g.to(h.scalar_type()).contiguous());
+    w4[i] = g.size(1);
+    total += w4[i];
+  }
+  TORCH_CHECK_VALUE(total == h.size(1), "grads: widths sum ", total, " must equal h's columns ", h.size(1));
+  at::Tensor hc = h.contiguous();
+  at::Tensor dh = at::empty_like(hc);
+  by_dtype(h, [&](auto tag) {
+    using T = decltype(tag);
+    const T* g[4] = {gc[0].data_ptr<T>(), gc[1].data_ptr<T>(), gc[2].data_ptr<T>(), gc[3].data_ptr<T>()};
+    const T* hp = hc.data_ptr<T>();
+    T* d = dh.data_ptr<T>();
+    over_rows(h.size(0), total, [&](int64_t r0, int64_t r1) {
+      TRASC_LAYER_AVX512(hstu::detail::avx512_silu_split_bwd(!std::is_same_v<T, float>, hp, r0, r1, total, w4,
+                                                             reinterpret_cast<const void* const*>(g), d))
+      silu_split_bwd(hp, r0, r1, total, w4, g, d);
+    });
+  });
+  return dh;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> hstu_norm_gate(const at::Tensor& attn, const at::Tensor& u, double p,
+                                                              int64_t seed) {
+  check_2d("attn", attn);
+  check_2d("u", u);
+  TORCH_CHECK_VALUE(attn.sizes() == u.sizes(), "u: shape ", u.sizes(), " must equal attn's ", attn.sizes());
+  const Dropout drop(p, seed);
+  at::Tensor uc = u.contiguous(), ac = attn.to(u.scalar_type()).contiguous();
+  at::Tensor y = at::empty_like(uc);
+  at::Tensor mean = at::empty({attn.size(0)}, attn.options().dtype(at::kFloat)), rstd = at::empty_like(mean);
+  by_dtype(uc, [&](auto tag) {
+    using T = decltype(tag);
+    const T *a = ac.data_ptr<T>(), *up = uc.data_ptr<T>();
+    T* yp = y.data_ptr<T>();
+    float *mp = mean.data_ptr<float>(), *rp = rstd.data_ptr<float>();
+    over_rows(ac.size(0), ac.size(1), [&](int64_t r0, int64_t r1) {
+      TRASC_LAYER_AVX512(
+          hstu::detail::avx512_norm_gate(!std::is_same_v<T, float>, a, up, r0, r1, ac.size(1), drop, yp, mp, rp))
+      norm_gate(a, up, r0, r1, ac.size(1), drop, yp, mp, rp);
+    });
+  });
+  return {y, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor> hstu_norm_gate_bwd(const at::Tensor& dy, const at::Tensor& attn, const at::Tensor& u,
+                                                      const at::Tensor& mean, const at::Tensor& rstd, double p,
+                                                      int64_t seed) {
+  check_2d("attn", attn);
+  check_2d("u", u);
+  TORCH_CHECK_VALUE(dy.sizes() == u.sizes() && attn.sizes() == u.sizes(), "dy, attn, u: shapes must agree, got ",
+                    dy.sizes(), ", ", attn.sizes(), ", ", u.sizes());
+  TORCH_CHECK_VALUE(mean.numel() == attn.size(0) && rstd.numel() == attn.size(0) && mean.scalar_type() == at::kFloat &&
+                        rstd.scalar_type() == at::kFloat,
+                    "mean, rstd: float32 [", attn.size(0), "] expected");
+  const Dropout drop(p, seed);
+  at::Tensor uc = u.contiguous(), ac = attn.to(u.scalar_type()).contiguous(), gc = dy.to(u.scalar_type()).contiguous();
+  at::Tensor mc = mean.contiguous(), rc = rstd.contiguous();
+  at::Tensor da = at::empty_like(ac), du = at::empty_like(uc);
+  by_dtype(uc, [&](auto tag) {
+    using T = decltype(tag);
+    const T *g = gc.data_ptr<T>(), *a = ac.data_ptr<T>(), *up = uc.data_ptr<T>();
+    const float *mp = mc.data_ptr<float>(), *rp = rc.data_ptr<float>();
+    T *dap = da.data_ptr<T>(), *dup = du.data_ptr<T>();
+    over_rows(ac.size(0), ac.size(1), [&](int64_t r0, int64_t r1) {
+      TRASC_LAYER_AVX512(hstu::detail::avx512_norm_gate_bwd(!std::is_same_v<T, float>, g, a, up, mp, rp, r0, r1,
+                                                             ac.size(1), drop, dap, dup))
+      norm_gate_bwd(g, a, up, mp, rp, r0, r1, ac.size(1), drop, dap, dup);
+    });
+  });
+  return {da.to(attn.scalar_type()), du};
+}
+
+at::Tensor hstu_dropout(const at::Tensor& x, double p, int64_t seed) {
+  check_2d("x", x);
+  const Dropout drop(p, seed);
+  at::Tensor xc = x.contiguous(), y = at::empty_like(xc);
+  by_dtype(xc, [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = xc.data_ptr<T>();
+    T* yp = y.data_ptr<T>();
+    over_rows(xc.size(0), xc.size(1), [&](int64_t r0, int64_t r1) {
+      TRASC_LAYER_AVX512(hstu::detail::avx512_dropout(!std::is_same_v<T, float>, xp, r0, r1, xc.size(1), drop, yp))
+      dropout(xp, r0, r1, xc.size(1), drop, yp);
+    });
+  });
+  return y;
+}
+
+void bind_hstu_layer(pybind11::module& m) {
+  m.def("hstu_silu_split", &hstu_silu_split, "u, v, q, k = split(silu(h), widths) as contiguous tensors (fused)");
+  m.def("hstu_silu_split_bwd", &hstu_silu_split_bwd, "dh of hstu_silu_split from (du, dv, dq, dk) and h");
+  m.def("hstu_norm_gate", &hstu_norm_gate,
+        "(y, mean, rstd): y = dropout_p(u * LayerNorm(attn)), no affine, eps 1e-6, mask from (seed, index)");
+  m.def("hstu_norm_gate_bwd", &hstu_norm_gate_bwd, "(dattn, du) of hstu_norm_gate");
+  m.def("hstu_dropout", &hstu_dropout,
+        "x * mask / (1 - p), mask from (seed, index) (its own backward: the same call on the gradient)");
+}
+
+}  // namespace torchrec_ascend

@@ -1,0 +1,158 @@
+"""modules/hstu_fused.py: the fused CPU kernels of an HSTU layer's elementwise part against the
+torch code they replace (float64 references), forward and backward, fp32 and bf16; dropout masks
+reproducible from the seed and Bernoulli(1 - p) in distribution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchrec_ascend.modules import hstu_fused
+from torchrec_ascend.ops import extension
+
+pytestmark = pytest.mark.skipif(extension.kernel("hstu_norm_gate") is None, reason="csrc extension not built")
+
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+
+
+def _rand(*shape, dtype, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T, widths", [(0, [4, 4, 8, 8]), (1, [16, 16, 32, 32]), (37, [24, 24, 40, 40]),
+                                       (130, [512, 512, 512, 512])])
+def test_silu_split_matches_torch(dtype, T, widths):
+    h = _rand(T, sum(widths), dtype=dtype, seed=T).requires_grad_()
+    parts = hstu_fused.silu_split(h, widths)
+    assert all(p.is_contiguous() and p.dtype == dtype for p in parts)
+    h64 = h.detach().double().requires_grad_()
+    want = torch.split(F.silu(h64), widths, dim=1)
+    grads = [_rand(T, w, dtype=dtype, seed=100 + i) for i, w in enumerate(widths)]
+    for p, w in zip(parts, want):
+        torch.testing.assert_close(p.double(), w, **TOL[dtype])
+    torch.autograd.backward(parts, grads)
+    torch.autograd.backward(want, [g.double() for g in grads])
+    torch.testing.assert_close(h.grad.double(), h64.grad, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T, D", [(0, 8), (1, 16), (33, 40), (70, 512)])
+def test_norm_gate_without_dropout_matches_torch(dtype, T, D):
+    attn = (_rand(T, D, dtype=dtype, seed=1) * 3 + 0.5).requires_grad_()
+    u = _rand(T, D, dtype=dtype, seed=2).requires_grad_()
+    y = hstu_fused.norm_gate(attn, u, 0.3, training=False)  # eval: no dropout
+    assert y.dtype == dtype
+    a64, u64 = attn.detach().double().requires_grad_(), u.detach().double().requires_grad_()
+    want = u64 * F.layer_norm(a64, (D,), eps=1e-6)
+    torch.testing.assert_close(y.double(), want, **TOL[dtype])
+    g = _rand(T, D, dtype=dtype, seed=3)
+    y.backward(g)
+    want.backward(g.double())
+    torch.testing.assert_close(attn.grad.double(), a64.grad, **TOL[dtype])
+    torch.testing.assert_close(u.grad.double(), u64.grad, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_gate_dropout_uses_one_mask_forward_and_backward(dtype):
+    """With dropout the kept elements equal the no-dropout result / (1 - p), the dropped ones
+    are 0, and the backward applies the same mask (recovered from the output)."""
+    T, D, p = 64, 96, 0.25
+    attn = _rand(T, D, dtype=dtype, seed=4).requires_grad_()
+    u = (_rand(T, D, dtype=dtype, seed=5).abs() + 0.1).requires_grad_()  # no zero u: y == 0 <=> dropped
+    torch.manual_seed(11)
+    y = hstu_fused.norm_gate(attn, u, p, training=True)
+    kept = y != 0
+    full = hstu_fused.norm_gate(attn.detach(), u.detach(), p, training=False)
+    torch.testing.assert_close(y[kept].double(), (full[kept] / (1 - p)).double(), **TOL[dtype])
+    assert abs(kept.double().mean().item() - (1 - p)) < 0.03
+    g = _rand(T, D, dtype=dtype, seed=6)
+    y.backward(g)
+    a64, u64 = attn.detach().double().requires_grad_(), u.detach().double().requires_grad_()
+    want = u64 * F.layer_norm(a64, (D,), eps=1e-6) * kept.double() / (1 - p)
+    want.backward(g.double())
+    torch.testing.assert_close(attn.grad.double(), a64.grad, **TOL[dtype])
+    torch.testing.assert_close(u.grad.double(), u64.grad, **TOL[dtype])
+    # the same torch seed gives the same mask
+    torch.manual_seed(11)
+    y2 = hstu_fused.norm_gate(attn.detach(), u.detach(), p, training=True)
+    assert torch.equal(y2 != 0, kept)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_distribution_and_backward(dtype):
+    x = torch.ones(400, 250, dtype=dtype, requires_grad=True)
+    p = 0.2
+    y = hstu_fused.dropout(x, p, training=True)
+    kept = y != 0
+    torch.testing.assert_close(y[kept].double(), torch.full_like(y[kept], 1 / (1 - p)).double(), **TOL[dtype])
+    rate = kept.double().mean().item()
+    assert abs(rate - (1 - p)) < 0.005, rate  # 100k draws: 4 sigma ~ 0.005
+    # neighbours are not correlated (a broken hash repeats patterns)
+    same = (kept[:, 1:] == kept[:, :-1]).double().mean().item()
+    assert abs(same - ((1 - p) ** 2 + p ** 2)) < 0.01, same
+    g = torch.randn(400, 250).to(dtype)
+    y.backward(g)
+    torch.testing.assert_close(x.grad.double(), (g.double() * kept.double() / (1 - p)), **TOL[dtype])
+    assert hstu_fused.dropout(x, p, training=False) is x
+
+
+def test_fallback_on_float64_is_the_torch_code():
+    h = torch.randn(5, 8, dtype=torch.float64)
+    parts = hstu_fused.silu_split(h, [2, 2, 2, 2])
+    torch.testing.assert_close(torch.cat(parts, 1), F.silu(h))
+    a, u = torch.randn(5, 8, dtype=torch.float64), torch.randn(5, 8, dtype=torch.float64)
+    torch.testing.assert_close(hstu_fused.norm_gate(a, u, 0.5, training=False), u * F.layer_norm(a, (8,), eps=1e-6))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fallback_masks_equal_the_kernels(dtype):
+    """The torch fallback (other devices) draws the kernels' masks: one training on CPU and on an
+    accelerator (same seed) drops the same elements."""
+    x = _rand(37, 70, dtype=dtype, seed=3).abs() + 0.5
+    torch.manual_seed(5)
+    fused = hstu_fused.dropout(x, 0.3, training=True)
+    torch.manual_seed(5)
+    seed = hstu_fused._seed()
+    plain = x * hstu_fused._mask_factor(37, 70, 0.3, seed, x.device, x.dtype)
+    assert torch.equal(fused == 0, plain == 0)
+    torch.testing.assert_close(fused.double(), plain.double(), **TOL[dtype])
+
+
+def test_bad_shapes_raise():
+    with pytest.raises(ValueError, match="widths"):
+        hstu_fused.silu_split(torch.zeros(3, 10), [2, 2, 2, 2])
+    with pytest.raises(ValueError, match="attn, u"):
+        hstu_fused.norm_gate(torch.zeros(3, 4), torch.zeros(3, 5), 0.1, True)
+    with pytest.raises(ValueError, match="p: dropout probability"):
+        extension.kernel("hstu_dropout")(torch.zeros(2, 2), 1.0, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_vector_and_plain_paths_agree(dtype):
+    """The AVX-512 bodies and the plain loops (ISA capped: csrc/isa.h) give the same masks and
+    values (the mask is one hash of (seed, index) on both)."""
+    ext = extension.extension()
+    h = _rand(45, 4 * 40, dtype=dtype, seed=7)
+    a, u, g = (_rand(45, 72, dtype=dtype, seed=s) for s in (8, 9, 10))
+    calls = {
+        "silu_split": lambda: ext.hstu_silu_split(h, [40] * 4),
+        "silu_split_bwd": lambda: [ext.hstu_silu_split_bwd([g[:, :40].contiguous()] * 4, h)],
+        "norm_gate": lambda: list(ext.hstu_norm_gate(a, u, 0.3, 12345)),
+        "norm_gate_bwd": lambda: list(ext.hstu_norm_gate_bwd(g, a, u, *ext.hstu_norm_gate(a, u, 0.3, 12345)[1:],
+                                                              0.3, 12345)),
+        "dropout": lambda: [ext.hstu_dropout(u, 0.4, 99)],
+    }
+    old = ext._set_isa_cap(2)
+    try:
+        wide = {k: f() for k, f in calls.items()}
+        for cap in (1, 0):
+            ext._set_isa_cap(cap)
+            for k, f in calls.items():
+                for x, y in zip(f(), wide[k]):
+                    assert torch.equal(x == 0, y == 0), k
+                    torch.testing.assert_close(x.double(), y.double(), rtol=1e-5 if dtype == torch.float32 else 1e-2,
+                                               atol=1e-5 if dtype == torch.float32 else 1e-2, msg=k)
+    finally:
+        ext._set_isa_cap(old)

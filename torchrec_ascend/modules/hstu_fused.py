@@ -1,0 +1,138 @@
+"""The elementwise part of an HSTU layer, fused on CPU (``csrc/hstu_layer.cpp``), as autograd
+functions with the torch code as the fallback (other devices, float64 / float16, extension not
+built): same semantics, fewer passes over memory.
+
+* :func:`silu_split`: ``u, v, q, k = split(silu(h))`` as four contiguous tensors in one pass (no
+  silu tensor; the attention's q, k, v need no copies);
+* :func:`norm_gate`: ``dropout(u * LayerNorm(attn))`` (affine-free, eps 1e-6, statistics in fp32)
+  in one pass, in ``u``'s dtype;
+* :func:`dropout`: ``x * mask / (1 - p)``.
+
+Dropout masks come from a counter-based hash of a seed and the element's index (the backward
+regenerates them); the seed is drawn from torch's default generator, so ``torch.manual_seed``
+makes runs repeat, as with ``torch.nn.functional.dropout`` (whose masks they do not reproduce:
+same distribution, another stream).  The fallback computes the same hash with torch integer ops,
+so the masks do not depend on the device either.
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from ..ops import extension
+
+__all__ = ["silu_split", "norm_gate", "dropout", "fused_available"]
+
+_EPS = 1e-6
+_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def fused_available(*tensors: torch.Tensor) -> bool:
+    """Whether the fused CPU kernels take these tensors (CPU, fp32 / bf16, extension built)."""
+    return (extension.kernel("hstu_norm_gate") is not None
+            and all(t.device.type == "cpu" and t.dtype in _DTYPES for t in tensors))
+
+
+def _seed() -> int:
+    return int(torch.randint(0, 2 ** 62, (1,)).item())
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mask_factor(rows: int, cols: int, p: float, seed: int, device, dtype) -> torch.Tensor:
+    """``[rows, cols]`` of 0 or ``1 / (1 - p)``: the kernels' mask (csrc/hstu_layer_kernels.h
+    ``layer_mask_hash``: murmur3's finalizer over (seed, row-major index)) in torch integer ops."""
+    idx = torch.arange(rows * cols, device=device, dtype=torch.int64).view(rows, cols)
+    x = ((idx & _M32) * 0x9E3779B1 & _M32) ^ (((idx >> 32) * 0x85EBCA77) & _M32)
+    x = (x + (seed & _M32)) & _M32
+    x = x ^ ((((seed >> 32) & _M32) * 0xC2B2AE3D) & _M32)
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & _M32
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & _M32
+    x = x ^ (x >> 16)
+    threshold = min(int(p * 4294967296.0), _M32)
+    return (x >= threshold).to(dtype) * (1.0 / (1.0 - p))
+
+
+class _SiluSplit(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, widths: List[int]):
+        ctx.save_for_backward(h)
+        ctx.widths = widths
+        return tuple(extension.kernel("hstu_silu_split")(h, widths))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        (h,) = ctx.saved_tensors
+        full = [g if g is not None else h.new_zeros(h.shape[0], w) for g, w in zip(grads, ctx.widths)]
+        return extension.kernel("hstu_silu_split_bwd")(full, h), None
+
+
+def silu_split(h: torch.Tensor, widths: Sequence[int]) -> Tuple[torch.Tensor, ...]:
+    """``torch.split(silu(h), widths, dim=1)`` with every part contiguous.  ``h``: ``[T, sum(widths)]``."""
+    widths = [int(w) for w in widths]
+    if h.dim() != 2 or sum(widths) != h.shape[1]:
+        raise ValueError(f"h: expected [T, {sum(widths)}] for widths {widths}, got {tuple(h.shape)}")
+    if not fused_available(h):
+        return tuple(p.contiguous() for p in torch.split(F.silu(h), widths, dim=1))
+    return _SiluSplit.apply(h, widths)
+
+
+class _NormGate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, attn: torch.Tensor, u: torch.Tensor, p: float, seed: int):
+        y, mean, rstd = extension.kernel("hstu_norm_gate")(attn, u, p, seed)
+        ctx.save_for_backward(attn, u, mean, rstd)
+        ctx.p, ctx.seed = p, seed
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        attn, u, mean, rstd = ctx.saved_tensors
+        da, du = extension.kernel("hstu_norm_gate_bwd")(dy.contiguous(), attn, u, mean, rstd, ctx.p, ctx.seed)
+        return da, du, None, None
+
+
+def norm_gate(attn: torch.Tensor, u: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """``dropout_p(u * LayerNorm(attn))`` (dropout only when ``training``); ``attn``, ``u``:
+    ``[T, D]``; the result has ``u``'s dtype."""
+    if attn.shape != u.shape or attn.dim() != 2:
+        raise ValueError(f"attn, u: expected equal [T, D] shapes, got {tuple(attn.shape)} and {tuple(u.shape)}")
+    p = float(p) if training else 0.0
+    seed = _seed() if p > 0 else 0
+    if not fused_available(attn, u):
+        a = F.layer_norm(attn.float() if attn.dtype in (torch.float16, torch.bfloat16) else attn,
+                         (attn.shape[1],), eps=_EPS)
+        y = u * a
+        if p > 0:
+            y = y * _mask_factor(y.shape[0], y.shape[1], p, seed, y.device, y.dtype)
+        return y.to(u.dtype)
+    return _NormGate.apply(attn, u, p, seed)
+
+
+class _Dropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, p: float, seed: int):
+        ctx.p, ctx.seed = p, seed
+        return extension.kernel("hstu_dropout")(x, p, seed)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return extension.kernel("hstu_dropout")(dy.contiguous(), ctx.p, ctx.seed), None, None
+
+
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """``x * mask / (1 - p)`` when ``training`` and ``p > 0``, else ``x``; ``x``: ``[T, D]``."""
+    if not training or p <= 0:
+        return x
+    if x.dim() != 2:
+        raise ValueError(f"x: expected [T, D], got {tuple(x.shape)}")
+    seed = _seed()
+    if not fused_available(x):
+        return x * _mask_factor(x.shape[0], x.shape[1], float(p), seed, x.device, x.dtype)
+    return _Dropout.apply(x, float(p), seed)
