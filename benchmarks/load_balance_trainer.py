@@ -20,7 +20,7 @@ counted):
 Per step and rank: ``step_s``, the wall time of ``pipeline.progress()`` (data, balance, input
 dist, forward, backward, optimizer) -- what ``Trainer.train_segment`` times; ``critical_s``, the
 balancer's time on the main thread's critical path (inline modes: the balance call's wall time;
-ahead: ``BatchBuilder.last_wait_s``, how long ``next(batch)`` waited for the worker) plus the
+ahead: ``BatchBuilder.ahead.last_wait_s``, how long ``next(batch)`` waited for the worker) plus the
 restore's main-thread wall time (issue + wait); ``balance_s`` / ``balance_cpu_s``: the balance
 call's wall / CPU time (``time.thread_time`` of the thread that ran it); ``restore_cpu_s``;
 ``step_cpu_s``: the main thread's CPU time per step.
@@ -112,7 +112,7 @@ def _worker(rank: int, world: int, rounds: int, out: str) -> List[Dict[str, floa
         cpu += time.thread_time() - tic_cpu
         now = time.thread_time()
         if n > WARMUP and not state["first"]:
-            on_path = builder.last_wait_s if mode == "ahead" else builder.last_balance_s
+            on_path = builder.ahead.last_wait_s if mode == "ahead" else builder.last_balance_s
             rows.append({"mode": mode, "step_s": secs, "critical_s": on_path + wall,
                          "restore_s": wall, "restore_issue_s": issue, "restore_wait_s": wait_wall,
                          "balance_s": float(builder.last_balance_s),
@@ -125,7 +125,7 @@ def _worker(rank: int, world: int, rounds: int, out: str) -> List[Dict[str, floa
     plan = [("ahead", WARMUP)] + [(MODES[(r + i) % k], SEGMENT) for r in range(rounds)
                                   for i in range(k)]
     for mode, steps in plan:
-        builder.balance_ahead = mode == "ahead"
+        builder.ahead.enabled = mode == "ahead"
         state["first"] = True
         step = trainer.train_segment(step, step + steps,
                                      lambda n, _l, _s, secs, m=mode: on_step(m, n, secs))

@@ -443,9 +443,23 @@ inline void silu_bwd16(const float* s, const float* dp, const float* bias, __m51
   ds = _mm512_maskz_mul_ps(ok, _mm512_maskz_loadu_ps(ok, dp), dsilu);
 }
 
+// The relative-bias rows and their table gradients, the same AVX-512 work in every engine here
+struct Avx512Tables {
+  static void bias_rows(int64_t m, int64_t w, const int64_t* lim, const float* pos, int64_t p0, const float* ts_w,
+                        const Bucketer* bk, const int64_t* a, const int64_t* b, float* out, int64_t ld,
+                        BucketRuns* runs) {
+    bias_rows_avx512(m, w, lim, pos, p0, ts_w, bk, a, b, out, ld, runs);
+  }
+  static void table_grads(int64_t m, int64_t w, const float* G, int64_t ld, double* dpos, int64_t p0, double* dts,
+                          const Bucketer* bk, const int64_t* a, const int64_t* b, const BucketRuns* runs,
+                          double scale) {
+    table_grads_avx512(m, w, G, ld, dpos, p0, dts, bk, a, b, runs, scale);
+  }
+};
+
 // ============================================================================ fp32 engine
 
-struct F32Avx512 {
+struct F32Avx512 : Avx512Tables {
   using in_t = float;
   using acc_t = float;
   static constexpr int64_t kRowPad = 1, kKPad = 1, kNPad = 16;
@@ -556,17 +570,6 @@ struct F32Avx512 {
       }
   }
 
-  static void bias_rows(int64_t m, int64_t w, const int64_t* lim, const float* pos, int64_t p0, const float* ts_w,
-                        const Bucketer* bk, const int64_t* a, const int64_t* b, float* out, int64_t ld,
-                        BucketRuns* runs) {
-    bias_rows_avx512(m, w, lim, pos, p0, ts_w, bk, a, b, out, ld, runs);
-  }
-  static void table_grads(int64_t m, int64_t w, const float* G, int64_t ld, double* dpos, int64_t p0, double* dts,
-                          const Bucketer* bk, const int64_t* a, const int64_t* b, const BucketRuns* runs,
-                          double scale) {
-    table_grads_avx512(m, w, G, ld, dpos, p0, dts, bk, a, b, runs, scale);
-  }
-
   static void silu_fwd(int64_t m, int64_t w, int64_t wp, const float* S, int64_t lds, const float* bias,
                        int64_t ldbias, const int64_t* full, const int64_t* self, float alpha, float* Pm, int64_t ldp) {
     const __m512 av = _mm512_set1_ps(alpha);
@@ -599,7 +602,7 @@ struct F32Avx512 {
 
 // B in VNNI pairs, by blocks of 16 columns: B(k, n) at B[(n / 16) ld + (k / 2) 32 + 2 (n % 16) + k % 2]
 // with ld = 16 round_up(K, 32) (a block: K / 2 rows of 64 bytes, what one tile row-set reads)
-struct Bf16Common {
+struct Bf16Common : Avx512Tables {
   using in_t = bf16_t;
   using acc_t = float;
   static constexpr int64_t kRowPad = 16, kKPad = 32, kNPad = 16;
@@ -689,17 +692,6 @@ struct Bf16Common {
           _mm256_mask_storeu_epi16(dst + (i0 + t) * ldd + c0, k, b);
         }
       }
-  }
-
-  static void bias_rows(int64_t m, int64_t w, const int64_t* lim, const float* pos, int64_t p0, const float* ts_w,
-                        const Bucketer* bk, const int64_t* a, const int64_t* b, float* out, int64_t ld,
-                        BucketRuns* runs) {
-    bias_rows_avx512(m, w, lim, pos, p0, ts_w, bk, a, b, out, ld, runs);
-  }
-  static void table_grads(int64_t m, int64_t w, const float* G, int64_t ld, double* dpos, int64_t p0, double* dts,
-                          const Bucketer* bk, const int64_t* a, const int64_t* b, const BucketRuns* runs,
-                          double scale) {
-    table_grads_avx512(m, w, G, ld, dpos, p0, dts, bk, a, b, runs, scale);
   }
 
   // P rows (bf16, A layout), 32 columns at a time (wp is a multiple of 32)

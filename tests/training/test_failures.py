@@ -11,7 +11,6 @@ import shutil
 import warnings
 
 import pytest
-import torch
 
 pytest.importorskip("torchrec")
 
@@ -23,13 +22,6 @@ SETS = ["model.embedding_dim=12", "model.max_seq_len=16", "model.num_heads=1",
         "model.attention_dim=8", "model.linear_dim=8", "train.num_negatives=32",
         "train.batch_size=16", "train.threads=1", "train.peak_gemm_size=64",
         "train.log_every=2", "eval.batch_size=64"]
-
-
-@pytest.fixture(autouse=True)
-def _keep_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ the built rows between ranks:
   ``group``: give the balancer a process group of its own when batches are built on another
   thread than the pipeline's collectives), timed.
 
-:func:`stream_ahead` runs a batch factory one step ahead on a worker thread (``balance_ahead``).
+:func:`stream_ahead` runs a batch factory one step ahead on a worker thread; :class:`BuildAhead`
+is a batch source's switch between that and building in line (``balance_ahead``).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import numpy as np
 import torch
 
 from ..distributed.load_balance import BalanceMode, build_balancer, check_balance_options
+from ..options import OptionError
 
-__all__ = ["RankShare", "Exchanged", "stream_ahead"]
+__all__ = ["RankShare", "Exchanged", "stream_ahead", "BuildAhead"]
 
 T = TypeVar("T")
 
@@ -102,3 +104,39 @@ def stream_ahead(build_next: Callable[[], T], count: int, worker: cf.ThreadPoolE
     finally:
         if fut is not None and not fut.cancel():
             fut.result()
+
+
+class BuildAhead:
+    """A batch source's choice of building in line or one step ahead (``balance_ahead``).
+
+    ``enabled`` (an attribute, read when :meth:`run` starts; ``all_to_all`` balancing only)
+    runs the builds on one worker thread through :func:`stream_ahead`; ``last_wait_s`` is how
+    long the caller waited for the batch delivered last (None when building in line).
+    """
+
+    def __init__(self, share: RankShare, enabled: bool) -> None:
+        if enabled and share.mode != "all_to_all":
+            raise OptionError("balance_ahead", f"needs balance='all_to_all', got {share.mode!r}")
+        self.enabled = bool(enabled)
+        self.last_wait_s: Optional[float] = None
+        self._worker: Optional[cf.ThreadPoolExecutor] = None
+
+    def run(self, build_next: Callable[[], T], count: int) -> Iterator[T]:
+        """``count`` results of ``build_next()``, in line or one ahead on the worker."""
+        if not self.enabled:
+            for _ in range(count):
+                yield build_next()
+            return
+        if self._worker is None:
+            self._worker = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-ahead")
+
+        def waited(seconds: float) -> None:
+            self.last_wait_s = seconds
+
+        yield from stream_ahead(build_next, count, self._worker, waited)
+
+    def close(self) -> None:
+        """Stop the worker thread (a later :meth:`run` starts another)."""
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None

@@ -147,15 +147,7 @@ def format_summary(s: Dict[str, Any]) -> str:
             if met is None:  # leave-one-out: no validation
                 continue
             lines.append(f"{name:<14}{split:<7}" + "".join(f"{met[k]:>10.4f}" for k in keys))
-    for k, r in s["models"].items():
-        if r.get("tokens_per_s"):
-            lines.append(f"{k}: {r['tokens_per_s']:,.0f} tokens/s, MFU {100 * r['mfu']:.2f}% "
-                         f"(peak {s['peak_gflops']:.1f} GFLOP/s per rank), {r['steps']} steps"
-                         + (" (stopped early)" if r["stopped_early"] else ""))
-    if s.get("plot"):
-        lines.append(f"plot: {s['plot']}")
-    lines.append(f"total time: {s['seconds']:.1f}s")
-    return "\n".join(lines)
+    return "\n".join(lines + _run_lines(s))
 
 
 def _ranking_summary(s: Dict[str, Any]) -> str:
@@ -172,6 +164,12 @@ def _ranking_summary(s: Dict[str, Any]) -> str:
     for name, valid, test in rows:
         for split, met in (("valid", valid), ("test", test)):
             lines.append(f"{name:<10}{split:<7}" + "".join(f"{cell(met[t]):>26}" for t in tasks))
+    return "\n".join(lines + _run_lines(s))
+
+
+def _run_lines(s: Dict[str, Any]) -> List[str]:
+    """The summary's closing lines: each model's speed, the plot, the total time."""
+    lines = []
     for k, r in s["models"].items():
         if r.get("tokens_per_s"):
             lines.append(f"{k}: {r['tokens_per_s']:,.0f} tokens/s, MFU {100 * r['mfu']:.2f}% "
@@ -180,4 +178,4 @@ def _ranking_summary(s: Dict[str, Any]) -> str:
     if s.get("plot"):
         lines.append(f"plot: {s['plot']}")
     lines.append(f"total time: {s['seconds']:.1f}s")
-    return "\n".join(lines)
+    return lines

@@ -8,7 +8,6 @@ import json
 import os
 
 import pytest
-import torch
 
 pytest.importorskip("torchrec")
 
@@ -20,13 +19,6 @@ SETS = ["model.embedding_dim=12", "model.max_seq_len=24", "model.num_heads=1",
         "train.threads=1", "train.peak_gemm_size=64", "train.log_every=5",
         "ranking.max_candidates=4", "ranking.head_dims=[16]", "ranking.dlrm_dense_dims=[8]",
         "ranking.dlrm_over_dims=[16]", "ranking.utc_offset_hours=0"]
-
-
-@pytest.fixture(autouse=True)
-def _keep_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -117,6 +117,39 @@ def test_rank_shares_partition_the_global_batch(data, mode):
         assert float(p.loss_scale) == pytest.approx(1.0 / ex.num_candidates[rows].sum())
 
 
+def test_balance_ahead_builds_on_a_worker_and_delivers_the_inline_batches(data):
+    """balance_ahead: each batch is built one step ahead on the worker thread; the batches equal
+    the inline ones, also across a resumed stream; only all_to_all may build ahead."""
+    import threading
+
+    from torchrec_ascend.distributed.load_balance import HSTUCostModel
+
+    b = ExampleBuilder(data, spec_of(data), "hstu")
+    ex = data.examples("train", 2, 5)
+    cost = HSTUCostModel(1.0, 0.05)
+    inline = RankingBatches(b, ex, 4, 3, RankShare("all_to_all", cost, 0, 1, 4))
+    want = [(x.users, x.labels, x.kjt["item"].values()) for x in inline.stream(0, 4)]
+    ahead = RankingBatches(b, ex, 4, 3, RankShare("all_to_all", cost, 0, 1, 4), ahead=True)
+    threads = []
+    real = ahead.builder.build
+    ahead.builder.build = lambda *a: threads.append(threading.current_thread().name) or real(*a)
+    got = []
+    try:
+        for start, stop in ((0, 1), (1, 4)):
+            for x in ahead.stream(start, stop):
+                got.append((x.users, x.labels, x.kjt["item"].values()))
+                assert ahead.ahead.last_wait_s >= 0
+    finally:
+        ahead.close()
+    assert len(got) == len(want) == 4
+    for g, w in zip(got, want):
+        assert all(torch.equal(p, q) for p, q in zip(g, w))
+    assert len(threads) == 4 and all(t.startswith("batch-ahead") for t in threads)
+    assert inline.ahead.last_wait_s is None
+    with pytest.raises(ValueError, match="balance_ahead: needs balance='all_to_all', got 'none'"):
+        RankingBatches(b, ex, 4, 3, RankShare("none", None, 0, 1, 4), ahead=True)
+
+
 def test_sample_tasks_are_named_by_its_columns():
     names = [t.name for t in kuairand_tasks(["sample"])]
     assert "label" in names and "is_hate" not in names and "is_like" not in names

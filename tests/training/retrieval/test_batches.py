@@ -111,7 +111,7 @@ def test_all_to_all_builds_one_step_ahead_on_a_worker_and_delivers_the_same_batc
         for a, b in ((0, 2), (2, 5)):
             for x in ahead.stream(a, b):
                 got.append((x.items, x.offsets, x.users, x.kjt["neg"].values()))
-                assert ahead.last_balanced is not None and ahead.last_wait_s >= 0
+                assert ahead.last_balanced is not None and ahead.ahead.last_wait_s >= 0
                 assert ahead.last_balance_s > 0 and ahead.last_balance_cpu_s >= 0
                 assert torch.equal(ahead.last_balanced.lengths, torch.diff(x.offsets))
     finally:
@@ -120,7 +120,7 @@ def test_all_to_all_builds_one_step_ahead_on_a_worker_and_delivers_the_same_batc
     for g, w in zip(got, want):
         assert all(torch.equal(p, q) for p, q in zip(g, w))
     assert len(threads) == 5 and all(t.startswith("batch-ahead") for t in threads)
-    assert inline.last_wait_s is None  # inline: nothing to wait for
+    assert inline.ahead.last_wait_s is None  # inline: nothing to wait for
     with pytest.raises(ValueError, match="balance_ahead: needs balance='all_to_all', got 'none'"):
         builder(split, ahead=True)
 

@@ -16,7 +16,6 @@ impression with its actions and outcomes.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 from typing import Iterator, List, Optional, Tuple, Union
 
 import numpy as np
@@ -28,7 +27,7 @@ from ...models.dlrm_ranker import DLRMBatch, dlrm_features
 from ...models.generative_ranker import (ROLE_CANDIDATE, ROLE_HISTORY, ActionLayout, RankerSpec,
                                          RankingBatch, ranking_kjt_keys, split_key)
 from ...options import OptionError
-from ..balancing import RankShare, stream_ahead
+from ..balancing import BuildAhead, RankShare
 from .data import Examples, RankingData
 
 __all__ = ["ExampleBuilder", "RankingBatches", "ModelKindOfBatch"]
@@ -167,8 +166,7 @@ class RankingBatches:
 
     def __init__(self, builder: ExampleBuilder, examples: Examples, global_batch: int, seed: int,
                  share: RankShare, ahead: bool = False) -> None:
-        if ahead and share.mode != "all_to_all":
-            raise OptionError("balance_ahead", f"needs balance='all_to_all', got {share.mode!r}")
+        self.ahead = BuildAhead(share, ahead)
         self.builder, self.examples, self.share = builder, examples, share
         self.global_batch, self.seed = int(global_batch), int(seed)
         self.steps_per_epoch = len(examples) // self.global_batch
@@ -176,10 +174,7 @@ class RankingBatches:
             raise OptionError("train.batch_size", f"a global batch of {self.global_batch} "
                                                   f"examples (batch_size x ranks) exceeds the "
                                                   f"{len(examples)} training examples")
-        self.balance_ahead = bool(ahead)
         self.last_balance_s: Optional[float] = None
-        self.last_wait_s: Optional[float] = None
-        self._worker: Optional[cf.ThreadPoolExecutor] = None
 
     def global_rows(self, step: int) -> np.ndarray:
         epoch, slot = divmod(int(step), self.steps_per_epoch)
@@ -200,26 +195,9 @@ class RankingBatches:
 
     def stream(self, start: int, stop: int) -> Iterator[ModelKindOfBatch]:
         steps = iter(range(start, stop))
-
-        def build_next():
-            return self._build(next(steps))
-
-        if not self.balance_ahead:
-            for _ in range(start, stop):
-                batch, self.last_balance_s = build_next()
-                yield batch
-            return
-        if self._worker is None:
-            self._worker = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-ahead")
-
-        def waited(seconds: float) -> None:
-            self.last_wait_s = seconds
-
-        for batch, secs in stream_ahead(build_next, stop - start, self._worker, waited):
+        for batch, secs in self.ahead.run(lambda: self._build(next(steps)), stop - start):
             self.last_balance_s = secs
             yield batch
 
     def close(self) -> None:
-        if self._worker is not None:
-            self._worker.shutdown(wait=True)
-            self._worker = None
+        self.ahead.close()

@@ -27,7 +27,6 @@ rows), and :class:`BatchBuilder`, which puts them together into this rank's
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
@@ -40,7 +39,7 @@ from ...models.config import ModelConfig
 from ...models.generative_retrieval import item_kjt
 from ...options import OptionError, check_choice
 from ...sampling import AsyncNegativePrefetcher, NegativeSample, NegativeSampler, NegativesMode
-from ..balancing import Exchanged, RankShare, stream_ahead
+from ..balancing import BuildAhead, Exchanged, RankShare
 from .split import Split
 
 __all__ = ["BatchOrder", "GlobalBatch", "Windows", "NegativeStream", "BatchBuilder",
@@ -163,31 +162,27 @@ def cost_model_for(kind: str, cfg: ModelConfig):
 
 class BatchBuilder:
     """This rank's :class:`~torchrec_ascend.models.batch.SequenceBatch` of each step, from the
-    parts of the module docstring.  ``ahead`` (``all_to_all`` only; an attribute, read when a
-    stream starts): build and balance step ``s + 1``'s batch on a worker thread while the
-    caller trains on step ``s``'s.
+    parts of the module docstring.  ``ahead`` (``all_to_all`` only; ``self.ahead``, a
+    :class:`~..balancing.BuildAhead` whose ``enabled`` is read when a stream starts): build and
+    balance step ``s + 1``'s batch on a worker thread while the caller trains on step ``s``'s.
 
     Of the batch :meth:`stream` delivered last: ``last_balanced`` (its
     :class:`~torchrec_ascend.distributed.load_balance.BalancedBatch`), ``last_balance_s`` (wall
     seconds of its ``balance`` call) and ``last_balance_cpu_s`` (that call's CPU time on the
-    thread that ran it); ``last_wait_s``: how long :meth:`stream` waited for the worker to
-    deliver it (the balancing left on the caller's critical path).  None before a batch / in the
+    thread that ran it); ``ahead.last_wait_s``: how long :meth:`stream` waited for the worker
+    to deliver it (the balancing left on the caller's critical path).  None before a batch / in the
     other modes.
     """
 
     def __init__(self, windows: Windows, negatives: NegativeStream, share: RankShare,
                  ahead: bool = False) -> None:
-        if ahead and share.mode != "all_to_all":
-            raise OptionError("balance_ahead", f"needs balance='all_to_all', got {share.mode!r}")
+        self.ahead = BuildAhead(share, ahead)
         self.windows, self.negatives, self.share = windows, negatives, share
         self.split = windows.split
-        self.balance_ahead = bool(ahead)
         self.last_balanced: Optional[object] = None
         self.last_balance_s: Optional[float] = None
         self.last_balance_cpu_s: Optional[float] = None
-        self.last_wait_s: Optional[float] = None
         self._pending: Dict[int, GlobalBatch] = {}
-        self._worker: Optional[cf.ThreadPoolExecutor] = None
 
     @property
     def steps_per_epoch(self) -> int:
@@ -248,7 +243,7 @@ class BatchBuilder:
 
     def stream(self, start: int, stop: int) -> Iterator[SequenceBatch]:
         """The batches of steps ``[start, stop)``; consecutive calls must continue where the
-        previous one stopped (the negatives follow the global step).  With ``balance_ahead``
+        previous one stopped (the negatives follow the global step).  With ``ahead.enabled``
         the steps' order, and so every batch, is the same as without."""
         negs = self.negatives.stream(start, stop, self._positives)
 
@@ -256,24 +251,10 @@ class BatchBuilder:
             step, neg = next(negs)
             return self._build(self._pending.pop(step), neg)
 
-        if not self.balance_ahead:
-            for _ in range(start, stop):
-                batch, moved = build_next()
-                self._record(moved)
-                yield batch
-            return
-        if self._worker is None:
-            self._worker = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-ahead")
-
-        def waited(seconds: float) -> None:
-            self.last_wait_s = seconds
-
-        for batch, moved in stream_ahead(build_next, stop - start, self._worker, waited):
+        for batch, moved in self.ahead.run(build_next, stop - start):
             self._record(moved)
             yield batch
 
     def close(self) -> None:
-        if self._worker is not None:
-            self._worker.shutdown(wait=True)
-            self._worker = None
+        self.ahead.close()
         self.negatives.close()
