@@ -15,7 +15,7 @@ Per row, these contenders are timed side by side, interleaved round by round
 count):
 
 * ``fwd``: ``torchrec_ascend::hstu_mha`` on the csrc backend (the engine the backend chose for
-  the dtype on this CPU: ``ops.hstu.cpu_engine``);
+  the dtype on this CPU: ``ops.hstu_engines.cpu_engine``);
 * ``bwd``: ``torchrec_ascend::hstu_mha_backward`` (the autograd formula's op: dq, dk, dv and the
   bias tables' gradients; it recomputes S itself);
 * ``gemm``: ``torch.mm`` of two 2048 x 2048 matrices of the dtype -- the large-GEMM peak;
@@ -52,7 +52,7 @@ import side_by_side  # noqa: E402
 import torchrec_ascend.ops as ops  # noqa: E402
 from torchrec_ascend import device  # noqa: E402
 from torchrec_ascend.ops import extension  # noqa: E402
-from torchrec_ascend.ops.hstu import cpu_engine  # noqa: E402
+from torchrec_ascend.ops.hstu_engines import cpu_engine  # noqa: E402
 from torchrec_ascend.ops.reference import hstu as padded  # noqa: E402
 
 H, D = 4, 64

@@ -46,14 +46,14 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None, help="training steps (default 400)")
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2")
     ap.add_argument("--bf16-engine", default=None,
-                    help="force the csrc HSTU attention engine of the bf16 runs (ops.hstu.cpu_engines: e.g. "
+                    help="force the csrc HSTU attention engine of the bf16 runs (ops.hstu_engines.cpu_engines: e.g. "
                          "amx_bf16, avx512_bf16, fp32 = widened); writes precision_quality_<engine>.json")
     args = ap.parse_args()
     steps = args.steps or (100 if args.quick else 400)
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
 
     from torchrec_ascend import device as _device
-    from torchrec_ascend.ops.hstu import cpu_engine, set_cpu_engine
+    from torchrec_ascend.ops.hstu_engines import cpu_engine, set_cpu_engine
 
     if args.bf16_engine:
         set_cpu_engine(torch.bfloat16, args.bf16_engine)

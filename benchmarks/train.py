@@ -49,7 +49,7 @@ from benchmarks.common import cpu_kind, heavy_tailed_lengths, print_table, write
 from benchmarks.train_breakdown import OffsetsRecorder, StageTimes, breakdown  # noqa: E402
 from torchrec_ascend.datasets import Sequences  # noqa: E402
 from torchrec_ascend.device import dtype_name, measure_gemm_gflops  # noqa: E402
-from torchrec_ascend.ops.hstu import cpu_engine  # noqa: E402
+from torchrec_ascend.ops.hstu_engines import cpu_engine  # noqa: E402
 from torchrec_ascend.training import RetrievalTask, Trainer, config_from_dict, leave_two_out  # noqa: E402
 from torchrec_ascend.training.console import Console  # noqa: E402
 from torchrec_ascend.training.process_group import init_distributed  # noqa: E402

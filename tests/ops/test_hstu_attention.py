@@ -392,11 +392,11 @@ def test_cpu_kernel_extreme_scores():
 # --------------------------------------------------------------------------- every engine
 #
 # The csrc backend runs each dtype on a micro-kernel ("engine") it picks per CPU by timing
-# (ops.hstu.cpu_engine); every engine that runs on this CPU is forced here in turn.  Lengths cover
+# (ops.hstu_engines.cpu_engine); every engine that runs on this CPU is forced here in turn.  Lengths cover
 # 0, 1 and the max and several of the kernels' blocks (forward: 32 rows, 128-row bias blocks,
 # 128-key segments; backward: 64 x 64 tiles).
 
-from torchrec_ascend.ops import hstu as hstu_ops  # noqa: E402
+from torchrec_ascend.ops import hstu_engines as hstu_ops  # noqa: E402
 
 ENGINE_CASES = [
     # lengths, max_seq_len, targets, contextual, normalization, pos, time, unsorted timestamps
@@ -542,3 +542,24 @@ def test_cpu_engine_choice_is_measured_and_reported():
         hstu_ops.set_cpu_engine(torch.float32, "amx_bf16")
     with pytest.raises(ValueError, match="dtype"):
         hstu_ops.cpu_engine(torch.float16)
+
+
+@_needs_kernel
+def test_describe_names_each_dtypes_engine_on_the_cpu_kernel_rows():
+    """ops.describe(): where the csrc backend serves the HSTU ops on the CPU, the row names the
+    engine each dtype runs (the forced one after set_cpu_engine); other rows say nothing of it."""
+    try:
+        hstu_ops.set_cpu_engine(torch.float32, "blas")
+        with ops.use_backend("cpu_kernel"):
+            rows = {(op, dev): (b, why) for op, dev, b, why in registry.describe_rows()
+                    if op.startswith("hstu_mha")}
+        want = ("engines: float32 blas, bfloat16 "
+                + hstu_ops.cpu_engine(torch.bfloat16)[0])
+        for op in ("hstu_mha", "hstu_mha_backward"):
+            backend, why = rows[(op, "cpu")]
+            assert backend == "cpu_kernel" and why.endswith(want), why
+        with ops.use_backend("reference"):
+            rows = registry.describe_rows(["cpu"])
+        assert not any("engines" in why for op, _, _, why in rows if op.startswith("hstu_mha"))
+    finally:
+        hstu_ops.set_cpu_engine(torch.float32, None)

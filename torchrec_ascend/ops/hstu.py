@@ -7,7 +7,7 @@ Public entry :func:`hstu_mha` validates once, then dispatches through the regist
 * ``cpu_kernel`` (``csrc/hstu*.cpp``): one tiled driver over per-CPU micro-kernels ("engines":
   AMX-BF16 or AVX512-BF16 tiles for bf16 with fp32 accumulation, AVX-512 or BLAS for fp32, BLAS
   for fp64); the engine of each dtype is chosen by the backend once per process by timing the
-  candidates (:func:`cpu_engine` reports it, :func:`set_cpu_engine` forces one);
+  candidates (:mod:`.hstu_engines` reports and forces it, ``ops.describe()`` shows it);
 * ``reference`` (``ops/reference/hstu.py``): padded dense torch, the oracle.
 
 The fused backends never build a padded tensor: work and memory follow ``sum_b n_b^2``, not
@@ -25,15 +25,15 @@ Semantics (one sequence of length ``n``, one head; see docs/hstu.md)::
 
 from __future__ import annotations
 
-from typing import List, Literal, Optional, Tuple
+from typing import Literal, Optional
 
 import torch
 
 from ..options import choices
-from . import extension, validation
+from . import validation
 from .specs import hstu as _specs
 
-__all__ = ["hstu_mha", "Normalization", "NORMALIZATIONS"]  # cpu_engine / set_cpu_engine: backend switches, not ops
+__all__ = ["hstu_mha", "Normalization", "NORMALIZATIONS"]
 
 _ops = torch.ops.torchrec_ascend
 Normalization = Literal["max_len", "seq_len"]
@@ -41,46 +41,6 @@ Normalization = Literal["max_len", "seq_len"]
 NORMALIZATIONS = choices(Normalization)
 
 _specs.register_all()
-
-
-# --------------------------------------------------------------------------- CPU engines
-
-ENGINE_DTYPES = ("float32", "bfloat16")
-
-
-def _dtype_key(dtype) -> str:
-    name = str(dtype).replace("torch.", "")
-    if name not in ENGINE_DTYPES:
-        raise ValueError(f"dtype: {dtype} has no CPU engine choice (one of {', '.join(ENGINE_DTYPES)})")
-    return name
-
-
-def cpu_engine(dtype=torch.bfloat16) -> Tuple[str, str]:
-    """``(engine, why)``: the micro-kernel the csrc backend runs ``dtype`` attention with on this
-    CPU, chosen by the backend itself on first use by timing the candidates (``csrc/hstu_choice.cpp``)
-    -- float32: ``avx512_fp32`` or ``blas``; bfloat16: ``amx_bf16``, ``avx512_bf16`` or ``fp32``
-    (widened).  ``why`` gives the measured times.  ``("", "extension not built")`` without the
-    extension."""
-    fn = extension.kernel("hstu_engine")
-    if fn is None:
-        return "", "extension not built"
-    name, why = fn(_dtype_key(dtype))
-    return str(name), str(why)
-
-
-def cpu_engines(dtype=torch.bfloat16) -> List[str]:
-    """The engines of ``dtype`` that run on this CPU (empty without the extension)."""
-    fn = extension.kernel("hstu_engines")
-    return list(fn(_dtype_key(dtype))) if fn is not None else []
-
-
-def set_cpu_engine(dtype, name: Optional[str]) -> None:
-    """Force the csrc engine of ``dtype`` (tests, benchmarks); ``None`` forgets the choice (the
-    next call measures again)."""
-    fn = extension.kernel("hstu_set_engine")
-    if fn is None:
-        raise RuntimeError("set_cpu_engine: the csrc extension is not built")
-    fn(_dtype_key(dtype), name or "")
 
 
 # --------------------------------------------------------------------------- public API

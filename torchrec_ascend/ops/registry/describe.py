@@ -13,8 +13,15 @@ __all__ = ["describe", "describe_rows"]
 
 def describe_rows(devices: Sequence[str] = DEVICES) -> List[Tuple[str, str, str, str]]:
     """(op, device, backend, why) for every registered op and device; ``why`` names the cases a
-    partial backend covers (the other calls go to the next backend)."""
-    return [(s.name, dev) + STATE.choose(s.name, dev) for s in STATE.all_specs() for dev in devices]
+    partial backend covers (the other calls go to the next backend) and the spec's ``detail``
+    (what the backend runs inside, e.g. the HSTU attention's csrc engines)."""
+    rows = []
+    for s in STATE.all_specs():
+        for dev in devices:
+            backend, why = STATE.choose(s.name, dev)
+            note = s.detail(dev, backend) if s.detail is not None else ""
+            rows.append((s.name, dev, backend, "; ".join(x for x in (why, note) if x)))
+    return rows
 
 
 def describe(devices: Sequence[str] = DEVICES, file=None) -> List[Tuple[str, str, str, str]]:

@@ -62,6 +62,8 @@ class OpSpec:
         fbgemm_fixup: where fbgemm's own kernel serves the op, ``fbgemm_fixup(kernel, args)``
             calls it and makes the outcome what the other backends give (rows fbgemm leaves
             uninitialised zeroed, an error worded as ours).
+        detail: ``detail(device, backend)``, a note ``describe()`` adds to the op's row (what the
+            chosen backend runs inside, e.g. the csrc HSTU engines); ``""`` for none.
     """
 
     name: str
@@ -78,6 +80,7 @@ class OpSpec:
     limits: Dict[str, Limit] = dataclasses.field(default_factory=dict)
     contract: Optional[Callable[..., None]] = None
     fbgemm_fixup: Optional[Callable[[Impl, tuple], object]] = None
+    detail: Optional[Callable[[str, str], str]] = None
 
     def validate(self) -> None:
         """Reject a spec that cannot be registered (ValueError naming the field)."""

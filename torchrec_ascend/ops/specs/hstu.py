@@ -10,6 +10,7 @@ from typing import List
 import torch
 
 from .._util import triton_impl
+from ..hstu_engines import engines_detail
 from ..reference import hstu as ref
 from ..registry import OpSpec, register
 
@@ -60,6 +61,7 @@ SPECS: List[OpSpec] = [
         backward=hstu_mha_backward_grad,
         setup_context=hstu_mha_setup_context,
         fbgemm=False,
+        detail=engines_detail,
     ),
     OpSpec(
         name="hstu_mha_backward",
@@ -69,6 +71,7 @@ SPECS: List[OpSpec] = [
         cpu_kernel="hstu_mha_bwd",
         fake=hstu_mha_backward_fake,
         fbgemm=False,
+        detail=engines_detail,
     ),
 ]
 
