@@ -43,7 +43,7 @@ def test_table_with_a_label_column(tmp_path, table, capsys):
     # no --config: the packaged ranking preset, under the command line's overrides
     assert res["config"] == "ranking"
     cfg = json.load(open(out / "run.json"))["config"]
-    assert cfg["train"]["sparse_lr"] == 0.01 and cfg["eval"]["restore_best"] is True
+    assert cfg["train"]["sparse_lr"] == 0.05 and cfg["eval"]["restore_best"] is True
     assert cfg["ranking"]["max_candidates"] == 4 and cfg["train"]["batch_size"] == 16
     assert set(res["baselines"]) == {"ctr"}
     for entry in list(res["models"].values()) + list(res["baselines"].values()):

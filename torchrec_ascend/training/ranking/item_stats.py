@@ -5,7 +5,7 @@ strictly before ``t`` (``n`` of them, ``pos_k`` positive for task ``k``):
 
 * ``log1p(n) / 10`` -- how often the item has been shown;
 * per task, ``logit((pos_k + s p_k) / (n + s)) - logit(p_k)`` -- its smoothed rate (``s``:
-  ``ranking.ctr_smoothing`` pseudo-impressions at the training rate ``p_k``) as evidence over
+  ``ranking.item_stats_smoothing`` pseudo-impressions at the training rate ``p_k``) as evidence over
   the prior: 0 for an item never shown before.
 
 Strictly earlier: impressions at the same millisecond (another user's, or a duplicate-free

@@ -140,7 +140,7 @@ class RankingTask(Task):
             outcomes=tuple(c.name for c in data.context if c.outcome))
         self.item_stats: Optional[np.ndarray] = None
         if r.item_stats:
-            self.item_stats = data.item_statistics(r.ctr_smoothing)
+            self.item_stats = data.item_statistics(r.item_stats_smoothing)
             self.spec.item_stats = self.item_stats.shape[1]
         self.task_names = [t.name for t in data.tasks]
         self.weights = [float(r.task_weights.get(n, 1.0)) for n in self.task_names]
