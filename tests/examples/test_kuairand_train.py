@@ -190,3 +190,64 @@ def test_kill9_resume_equals_uninterrupted_and_bad_run_keeps_checkpoint(tmp_path
     ma = json.load(open(os.path.join(a, "results.json")))["models"]["hstu"]
     mb = json.load(open(os.path.join(b, "results.json")))["models"]["hstu"]
     assert mb["valid"] == ma["valid"] and mb["test"] == ma["test"]
+
+
+RANKING_TINY = {
+    "task": "ranking",
+    "models": ["hstu", "dlrm"],
+    "data": {"source": "synthetic",
+             "synthetic": {"num_users": 150, "num_items": 200, "num_clusters": 8, "mean_len": 10,
+                           "max_len": 40, "random_log_rows": 20, "seed": 1}},
+    "model": {"embedding_dim": 12, "num_layers": 1, "num_heads": 1, "attention_dim": 8,
+              "linear_dim": 8, "max_seq_len": 24, "dropout": 0.1},
+    "train": {"batch_size": 8, "steps": 8, "log_every": 2, "eval_every": 0,
+              "checkpoint_every": 2, "keep_checkpoints": 2, "seed": 0, "threads": 1,
+              "peak_gemm_size": 64},
+    "eval": {"batch_size": 64},
+    "ranking": {"max_candidates": 2, "head_dims": [16], "dlrm_dense_dims": [8],
+                "dlrm_over_dims": [16]},
+}
+
+
+@pytest.mark.slow
+def test_ranking_kill9_resume_equals_uninterrupted(tmp_path):
+    """The ranking task (the HSTU ranker, then DLRM): SIGKILL the run after the ranker's step-4
+    checkpoint, ``--resume``: every logged loss and every final metric of both models equals an
+    uninterrupted run of the same length."""
+    cfg = json.loads(json.dumps(RANKING_TINY))
+    cfg["data"]["cache_dir"] = str(tmp_path / "cache")
+    path = tmp_path / "rank.json"
+    path.write_text(json.dumps(cfg))
+    b = str(tmp_path / "b")
+    p = subprocess.Popen([sys.executable, TRAIN, "--no-progress", "--config", str(path), "--out",
+                          b, "--steps", "100000"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, cwd=REPO)
+    ck = os.path.join(b, "hstu", "checkpoints")
+    deadline = time.time() + 200
+    try:
+        while _latest(ck) < "step_00000004":
+            assert p.poll() is None, "training exited before the step-4 checkpoint"
+            assert time.time() < deadline, "no step-4 checkpoint in time"
+            time.sleep(0.02)
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    assert p.returncode == -signal.SIGKILL
+    latest = _latest(ck)
+    killed_at = int(latest.split("_")[1])
+    total = killed_at + 3
+    r = run(["--config", str(path), "--out", b, "--resume", "--steps", str(total)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"[hstu] resumed from {os.path.join(ck, latest)} at step {killed_at}" in r.stdout
+    a = str(tmp_path / "a")
+    r = run(["--config", str(path), "--out", a, "--steps", str(total)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    ra = json.load(open(os.path.join(a, "results.json")))
+    rb = json.load(open(os.path.join(b, "results.json")))
+    for kind in ("hstu", "dlrm"):
+        want, got = losses(a, kind), losses(b, kind)
+        assert sorted(want) == list(range(1, total + 1)) and sorted(got) == sorted(want), kind
+        for s in want:
+            assert got[s] == want[s], (kind, s)
+        assert rb["models"][kind]["valid"] == ra["models"][kind]["valid"]
+        assert rb["models"][kind]["test"] == ra["models"][kind]["test"]
