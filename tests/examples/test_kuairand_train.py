@@ -65,6 +65,24 @@ def _latest(ck):
         return ""
 
 
+def kill9_after_step_4(cfg, out, ck):
+    """Start a long run of ``cfg`` into ``out`` and SIGKILL it once ``ck`` (a checkpoints
+    folder) holds the step-4 checkpoint."""
+    p = subprocess.Popen([sys.executable, TRAIN, "--no-progress", "--config", cfg, "--out", out,
+                          "--steps", "100000"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, cwd=REPO)
+    deadline = time.time() + 200
+    try:
+        while _latest(ck) < "step_00000004":
+            assert p.poll() is None, "training exited before the step-4 checkpoint"
+            assert time.time() < deadline, "no step-4 checkpoint in time"
+            time.sleep(0.02)
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    assert p.returncode == -signal.SIGKILL
+
+
 def tree_digest(path):
     h = hashlib.sha256()
     for root, _, files in sorted(os.walk(path)):
@@ -124,20 +142,8 @@ def test_kill9_resume_equals_uninterrupted_and_bad_run_keeps_checkpoint(tmp_path
     uninterrupted run of the same length (bit for bit: same operations in the same order)."""
     cfg = write_config(tmp_path, eval_every=0)
     b = str(tmp_path / "b")
-    p = subprocess.Popen([sys.executable, TRAIN, "--no-progress", "--config", cfg, "--out", b,
-                          "--steps", "100000"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, cwd=REPO)
     ck = os.path.join(b, "hstu", "checkpoints")
-    deadline = time.time() + 200
-    try:
-        while _latest(ck) < "step_00000004":
-            assert p.poll() is None, "training exited before the step-4 checkpoint"
-            assert time.time() < deadline, "no step-4 checkpoint in time"
-            time.sleep(0.02)
-    finally:
-        os.kill(p.pid, signal.SIGKILL)
-        p.wait()
-    assert p.returncode == -signal.SIGKILL
+    kill9_after_step_4(cfg, b, ck)
     latest = open(os.path.join(ck, "LATEST")).read().strip()
     killed_at = int(latest.split("_")[1])
     assert killed_at >= 4
@@ -219,20 +225,8 @@ def test_ranking_kill9_resume_equals_uninterrupted(tmp_path):
     path = tmp_path / "rank.json"
     path.write_text(json.dumps(cfg))
     b = str(tmp_path / "b")
-    p = subprocess.Popen([sys.executable, TRAIN, "--no-progress", "--config", str(path), "--out",
-                          b, "--steps", "100000"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, cwd=REPO)
     ck = os.path.join(b, "hstu", "checkpoints")
-    deadline = time.time() + 200
-    try:
-        while _latest(ck) < "step_00000004":
-            assert p.poll() is None, "training exited before the step-4 checkpoint"
-            assert time.time() < deadline, "no step-4 checkpoint in time"
-            time.sleep(0.02)
-    finally:
-        os.kill(p.pid, signal.SIGKILL)
-        p.wait()
-    assert p.returncode == -signal.SIGKILL
+    kill9_after_step_4(str(path), b, ck)
     latest = _latest(ck)
     killed_at = int(latest.split("_")[1])
     total = killed_at + 3
