@@ -158,3 +158,55 @@ def test_sample_tasks_are_named_by_its_columns():
         "is_profile_enter"]
     assert TaskSpec("x", 6).labels(np.array([64, 0, 65], dtype=np.uint8)).tolist() == [1, 0, 1]
     assert split_key("ctx__tab") == ("ctx", "tab")
+
+
+@pytest.mark.parametrize("kind", ["hstu", "dlrm"])
+def test_user_statistics_reach_candidates_as_of_their_windows_start(data, kind):
+    """ranking.user_stats: each token's user statistics count the user's own impressions
+    strictly before it (a float64 loop), a candidate's those before its window's first candidate:
+    flipping every label of a window's candidates leaves all of that window's inputs unchanged."""
+    import math
+
+    from torchrec_ascend.training.ranking.item_stats import STATS_COUNT_SCALE
+
+    users = data.user_of_events()
+    lab = data.labels(np.arange(data.num_events)).astype(np.float64)
+    prior = lab[data.period == 0].mean(axis=0)
+    got = data.user_statistics(3.0)
+    for e in range(0, data.num_events, 7):
+        before = (users == users[e]) & (data.times < data.times[e])
+        n = int(before.sum())
+        assert got[e, 0] == pytest.approx(math.log1p(n) / STATS_COUNT_SCALE, abs=1e-6)
+        for k in range(lab.shape[1]):
+            r = (lab[before, k].sum() + 3.0 * prior[k]) / (n + 3.0)
+            want = math.log(r / (1 - r)) - math.log(prior[k] / (1 - prior[k]))
+            assert got[e, 1 + k] == pytest.approx(want, abs=1e-5)
+
+    items = data.item_statistics(3.0)
+    spec = spec_of(data)
+    spec.item_stats = items.shape[1] + got.shape[1]
+    ex = data.examples("test", 3, 5) if kind == "hstu" else data.examples("test", 1, 0)
+    batch = ExampleBuilder(data, spec, kind, "summed", items, got).build(ex, 1.0)
+    stats = (batch.item_stats if kind == "hstu" else batch.dense[:, -spec.item_stats:]).numpy()
+    if kind == "hstu":
+        events = np.concatenate([np.arange(h, e) for h, e in zip(ex.hist_start, ex.end)])
+        as_of = np.concatenate([np.r_[np.arange(h, s), np.full(e - s, s)]
+                                for h, s, e in zip(ex.hist_start, ex.start, ex.end)])
+    else:
+        events = as_of = np.concatenate([np.arange(s, e) for s, e in zip(ex.start, ex.end)])
+    np.testing.assert_array_equal(stats[:, :items.shape[1]], items[events])
+    np.testing.assert_array_equal(stats[:, items.shape[1]:], got[as_of])
+    # a window's candidates' labels flipped: the user statistics of its tokens stay the same
+    offsets = np.r_[0, np.cumsum(ex.end - ex.hist_start if kind == "hstu" else ex.end - ex.start)]
+    saved = data.actions.copy()
+    changed = 0
+    for w in range(0, len(ex), max(1, len(ex) // 8)):
+        try:
+            data.actions[ex.start[w]:ex.end[w]] = ~data.actions[ex.start[w]:ex.end[w]]
+            flipped = data.user_statistics(3.0)
+        finally:
+            data.actions[:] = saved
+        rows = as_of[offsets[w]:offsets[w + 1]]
+        np.testing.assert_array_equal(flipped[rows], got[rows])
+        changed += not np.array_equal(flipped, got)  # a later impression's statistics moved
+    assert changed > 0

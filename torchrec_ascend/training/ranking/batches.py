@@ -39,15 +39,23 @@ class ExampleBuilder:
     """Batches of given examples for the ``hstu`` ranker (``layout``) or the ``dlrm`` baseline."""
 
     def __init__(self, data: RankingData, spec: RankerSpec, kind: str,
-                 layout: ActionLayout = "summed", item_stats: Optional[np.ndarray] = None
-                 ) -> None:
+                 layout: ActionLayout = "summed", item_stats: Optional[np.ndarray] = None,
+                 user_stats: Optional[np.ndarray] = None) -> None:
         self.data, self.spec, self.kind, self.layout = data, spec, kind, layout
         self.context = {c.name: c for c in data.context}
-        cols = 0 if item_stats is None else item_stats.shape[1]
+        none = np.zeros((data.num_events, 0), dtype=np.float32)
+        self.item_stats = none if item_stats is None else item_stats
+        self.user_stats = none if user_stats is None else user_stats
+        cols = self.item_stats.shape[1] + self.user_stats.shape[1]
         if cols != spec.item_stats:
-            raise ValueError(f"item_stats: {cols} columns, the spec has {spec.item_stats}")
-        self.item_stats = (np.zeros((data.num_events, 0), dtype=np.float32)
-                           if item_stats is None else item_stats)
+            raise ValueError(f"item_stats + user_stats: {cols} columns, the spec has "
+                             f"{spec.item_stats}")
+
+    def _stats(self, events: np.ndarray, as_of: np.ndarray) -> np.ndarray:
+        """The dense statistics of ``events``: each one's item statistics and its user's as of
+        event ``as_of`` (a candidate's: its window's first candidate, so that no candidate's
+        label reaches another of its window)."""
+        return np.concatenate([self.item_stats[events], self.user_stats[as_of]], axis=1)
 
     def token_lengths(self, ex: Examples) -> np.ndarray:
         """Tokens of each example (contextual + history (x2 interleaved) + candidates)."""
@@ -95,7 +103,8 @@ class ExampleBuilder:
             timestamps=torch.from_numpy(ts), item_pos=torch.from_numpy(item_pos),
             item_role=torch.from_numpy(np.where(is_cand, ROLE_CANDIDATE, ROLE_HISTORY).astype(np.int8)),
             item_actions=torch.from_numpy(actions),
-            item_stats=torch.from_numpy(self.item_stats[events]),
+            item_stats=torch.from_numpy(
+                self._stats(events, np.where(is_cand, np.repeat(ex.start, n_items), events))),
             action_pos=torch.from_numpy(action_pos.astype(np.int64)),
             action_item=torch.from_numpy(action_item.astype(np.int64)),
             labels=torch.from_numpy(d.labels(cand_events)),
@@ -153,7 +162,9 @@ class ExampleBuilder:
         for col in d.context:
             if not col.outcome:
                 dense.append(col.codes[events].astype(np.float32) / max(col.cardinality - 1, 1))
-        dense_in = np.concatenate([np.stack(dense, axis=1), self.item_stats[events]], axis=1)
+        dense_in = np.concatenate([np.stack(dense, axis=1),
+                                   self._stats(events, np.repeat(ex.start, ex.num_candidates))],
+                                  axis=1)
         return DLRMBatch(kjt=kjt, dense=torch.from_numpy(dense_in),
                          labels=torch.from_numpy(d.labels(events)),
                          users=torch.from_numpy(users),

@@ -40,7 +40,9 @@ class RankingConfig:
     impressions by every user: count and per-task rates, :mod:`.item_stats`);
     item_stats_smoothing: their rates' prior weight (pseudo-impressions; the Pure slice's config
     sets 30, above 10 and 100 on its validation day over 3 seeds, while 10 was better on the 27K
-    sample's, docs/ranking.md).
+    sample's, docs/ranking.md); user_stats: also give them the user's own statistics (the same
+    counts and rates over the user's earlier impressions; a candidate's as of its window's
+    first candidate), smoothed alike.
     """
 
     tasks: List[str] = field(default_factory=list)
@@ -57,6 +59,7 @@ class RankingConfig:
     ctr_smoothing: float = option(10.0, gt=0, finite=True)
     item_stats: bool = True
     item_stats_smoothing: float = option(10.0, gt=0, finite=True)
+    user_stats: bool = False
 
     def check(self, max_seq_len: int, key: Key = prefixed("ranking"),
               model_key: Key = prefixed("model")) -> None:

@@ -232,10 +232,18 @@ class RankingData:
     def item_statistics(self, smoothing: float) -> np.ndarray:
         """``[E, 1 + tasks]`` each impression's item statistics
         (:func:`~.item_stats.item_statistics`; the prior: the training positive rates)."""
+        return self._statistics(self.items, smoothing)
+
+    def user_statistics(self, smoothing: float) -> np.ndarray:
+        """``[E, 1 + tasks]`` each impression's user statistics: the same counts and rates over
+        the user's own impressions strictly before it."""
+        return self._statistics(self.user_of_events(), smoothing)
+
+    def _statistics(self, keys: np.ndarray, smoothing: float) -> np.ndarray:
         lab = self.labels(np.arange(self.num_events))
         train = self.period == TRAIN
         prior = lab[train].mean(axis=0) if train.any() else np.full(len(self.tasks), 0.5)
-        return item_statistics(self.items, self.times, lab, prior, smoothing)
+        return item_statistics(keys, self.times, lab, prior, smoothing)
 
     def task_counts(self, which: str) -> Dict[str, Tuple[int, int]]:
         """Per task, ``(positives, impressions)`` in split ``which``."""

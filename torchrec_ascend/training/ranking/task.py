@@ -139,9 +139,13 @@ class RankingTask(Task):
             context={c.name: c.cardinality for c in data.context},
             outcomes=tuple(c.name for c in data.context if c.outcome))
         self.item_stats: Optional[np.ndarray] = None
+        self.user_stats: Optional[np.ndarray] = None
         if r.item_stats:
             self.item_stats = data.item_statistics(r.item_stats_smoothing)
-            self.spec.item_stats = self.item_stats.shape[1]
+        if r.user_stats:
+            self.user_stats = data.user_statistics(r.item_stats_smoothing)
+        self.spec.item_stats = sum(s.shape[1] for s in (self.item_stats, self.user_stats)
+                                   if s is not None)
         self.task_names = [t.name for t in data.tasks]
         self.weights = [float(r.task_weights.get(n, 1.0)) for n in self.task_names]
         c = self.spec.contextual_tokens
@@ -158,7 +162,8 @@ class RankingTask(Task):
     def builder(self, kind: str) -> ExampleBuilder:
         if kind not in self._builders:
             self._builders[kind] = ExampleBuilder(self.data, self.spec, kind,
-                                                  self.cfg.ranking.layout, self.item_stats)
+                                                  self.cfg.ranking.layout, self.item_stats,
+                                                  self.user_stats)
         return self._builders[kind]
 
     def examples_of(self, kind: str) -> Dict[str, Any]:
