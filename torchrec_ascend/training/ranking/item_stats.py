@@ -14,6 +14,9 @@ input.  The counts run over the whole log in time order -- a validation or test 
 the labels of the item's earlier impressions in its own days too, as a served system's counters
 would (real-time statistics); a model never sees a later impression.  Both the HSTU ranker and
 the DLRM baseline read them (the same features), as dense inputs.
+
+Keyed by user instead of item, the same function gives the user statistics
+(``ranking.user_stats``, :meth:`~.data.RankingData.user_statistics`).
 """
 
 from __future__ import annotations
