@@ -204,3 +204,29 @@ def test_console_has_no_dependency_notice(tmp_path, events):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "is_fx_tracing" not in r.stderr + r.stdout
     assert "Warning" not in r.stderr, r.stderr
+
+
+def test_a_lost_peer_in_any_collective_is_one_line(capsys):
+    """A collective outside the training step (throughput all-reduce, evaluation, checkpoint)
+    failing because a peer died is the same one line, exit 2; any other error still raises."""
+    import argparse
+
+    from torchrec_ascend.training.cli import run_cli
+
+    args = argparse.Namespace(resume=False, no_progress=True, overwrite=False)
+
+    def lost():
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:63135: "
+                           "Connection reset by peer. This is typically caused by a remote "
+                           "worker hanging.")
+
+    assert run_cli(lost, lambda cfg: "unused", args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "error: rank 0: a collective failed, a peer rank died or left (RuntimeError: [gloo")
+
+    def bug():
+        raise RuntimeError("shape mismatch")
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        run_cli(bug, lambda cfg: "unused", args)

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from ..datasets import DataError
 from ..distributed.train_pipeline import PeerFailureError
+from ..distributed.train_pipeline.faults import is_peer_failure
 from ..metrics import NonFiniteScoreError
 from .config import CONFIG_DIR, ConfigError, ExperimentConfig, load_config
 from .task import TASK_KINDS
@@ -99,6 +100,13 @@ def run_cli(build: Callable[[], ExperimentConfig], out: Callable[[ExperimentConf
             msg = f"error: {e}"
         except PeerFailureError as e:  # every surviving rank says which peer it lost
             print("error: " + " ".join(str(e).split()), file=sys.stderr, flush=True)
+            return 2
+        except Exception as e:  # any other collective (metrics, evaluation, checkpoints)
+            if not is_peer_failure(e):
+                raise
+            print(f"error: rank {_rank()}: a collective failed, a peer rank died or left "
+                  f"({type(e).__name__}: {' '.join(str(e).split())})", file=sys.stderr,
+                  flush=True)
             return 2
         if _rank() == 0:
             print(msg, file=sys.stderr, flush=True)
