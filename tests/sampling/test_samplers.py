@@ -62,6 +62,17 @@ def _ht_check(draw, f: torch.Tensor, trials: int) -> None:
     assert abs(float(est.mean()) - truth) < 5 * se + 1e-9 * truth, (float(est.mean()), truth, se)
 
 
+def _items_sampler_and_f(kind, n):
+    """The item distribution p, a sampler of ``kind`` over it, a generator, and the function f
+    whose full-corpus sum the Horvitz-Thompson checks estimate."""
+    p = torch.rand(n, dtype=torch.float64) + 0.2
+    p /= p.sum()
+    sampler = make_sampler(kind, n, counts=p) if kind != "uniform" else UniformSampler(n)
+    g = torch.Generator().manual_seed(torch.initial_seed())
+    f = torch.rand(n, dtype=torch.float64) + 0.5
+    return p, sampler, g, f
+
+
 @pytest.mark.parametrize("kind", ["uniform", "popularity", "in_batch", "mixed"])
 def test_log_q_is_expected_count_shared_pool(kind):
     """Horvitz-Thompson with the reported log_q is unbiased for the full-corpus sum.
@@ -70,11 +81,7 @@ def test_log_q_is_expected_count_shared_pool(kind):
     the pool is large enough that in-batch items are not subsampled (exact case).
     """
     n, t, r = 30, 8, 24
-    p = torch.rand(n, dtype=torch.float64) + 0.2
-    p /= p.sum()
-    sampler = make_sampler(kind, n, counts=p) if kind != "uniform" else UniformSampler(n)
-    g = torch.Generator().manual_seed(torch.initial_seed())
-    f = torch.rand(n, dtype=torch.float64) + 0.5
+    p, sampler, g, f = _items_sampler_and_f(kind, n)
 
     def draw(_):
         pos = torch.multinomial(p, t, replacement=True, generator=g)
@@ -88,11 +95,7 @@ def test_log_q_is_expected_count_shared_pool(kind):
 @pytest.mark.parametrize("kind", ["uniform", "popularity", "in_batch", "mixed"])
 def test_log_q_is_expected_count_per_token(kind):
     n, t, k = 30, 6, 5
-    p = torch.rand(n, dtype=torch.float64) + 0.2
-    p /= p.sum()
-    sampler = make_sampler(kind, n, counts=p) if kind != "uniform" else UniformSampler(n)
-    g = torch.Generator().manual_seed(torch.initial_seed())
-    f = torch.rand(n, dtype=torch.float64) + 0.5
+    p, sampler, g, f = _items_sampler_and_f(kind, n)
 
     def draw(_):
         pos = torch.multinomial(p, t, replacement=True, generator=g)

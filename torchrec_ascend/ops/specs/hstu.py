@@ -50,6 +50,8 @@ def hstu_mha_backward_grad(ctx, grad):
             dpos if pos_w is not None else None, dts if ts_w is not None else None, None)
 
 
+_BOTH = dict(fbgemm=False, detail=engines_detail)  # no fbgemm op; describe() names the engines
+
 SPECS: List[OpSpec] = [
     OpSpec(
         name="hstu_mha",
@@ -60,8 +62,7 @@ SPECS: List[OpSpec] = [
         fake=hstu_mha_fake,
         backward=hstu_mha_backward_grad,
         setup_context=hstu_mha_setup_context,
-        fbgemm=False,
-        detail=engines_detail,
+        **_BOTH,
     ),
     OpSpec(
         name="hstu_mha_backward",
@@ -70,8 +71,7 @@ SPECS: List[OpSpec] = [
         triton=triton_impl("hstu", "hstu_mha_bwd"),
         cpu_kernel="hstu_mha_bwd",
         fake=hstu_mha_backward_fake,
-        fbgemm=False,
-        detail=engines_detail,
+        **_BOTH,
     ),
 ]
 
