@@ -100,6 +100,12 @@ inline __m512 sigmoid(__m512 z) {
   }
 }
 
+// d silu(z) / dz = sg (1 + z (1 - sg)), from z and sg = sigmoid(z)
+inline __m512 silu_grad(__m512 z, __m512 sg) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  return _mm512_mul_ps(sg, _mm512_fmadd_ps(z, _mm512_sub_ps(one, sg), one));
+}
+
 // bucket(a - b) for 16 lanes (b[c], c < 16, where `live`): floor(ln|a - b| / 0.301) clamped to
 // [0, nb], exactly the float64 formula.  Computed in fp32 (ln by exponent + degree-6 polynomial,
 // |err| < 2e-5 in ln / 0.301); a lane within 2e-4 of a bucket boundary is redone by the exact
@@ -438,9 +444,7 @@ inline void silu_bwd16(const float* s, const float* dp, const float* bias, __m51
   const __m512 z = bias ? _mm512_fmadd_ps(sv, alpha, _mm512_maskz_loadu_ps(ok, bias)) : _mm512_mul_ps(sv, alpha);
   const __m512 sig = sigmoid<kFast>(z);
   p = _mm512_maskz_mul_ps(ok, z, sig);
-  const __m512 one = _mm512_set1_ps(1.0f);
-  const __m512 dsilu = _mm512_mul_ps(sig, _mm512_fmadd_ps(z, _mm512_sub_ps(one, sig), one));
-  ds = _mm512_maskz_mul_ps(ok, _mm512_maskz_loadu_ps(ok, dp), dsilu);
+  ds = _mm512_maskz_mul_ps(ok, _mm512_maskz_loadu_ps(ok, dp), silu_grad(z, sig));
 }
 
 // The relative-bias rows and their table gradients, the same AVX-512 work in every engine here
@@ -897,37 +901,36 @@ inline __m512 dropout16(const LayerDropout& d, uint64_t idx0) {
 
 namespace detail {
 
-void avx512_silu_split(bool bf, const void* h, int64_t r0, int64_t r1, int64_t width, const int64_t* w4,
-                       void* const* outs) {
+// f(r, part, c, col, k): every 16-column block of rows [r0, r1) of the four parts (widths w4, side by
+// side in rows of `width`): c within the part, col within the row, k its live lanes
+namespace {
+template <typename F>
+inline void for_each_split_block(int64_t r0, int64_t r1, const int64_t* w4, F f) {
   for (int64_t r = r0; r < r1; ++r) {
     int64_t c0 = 0;
     for (int part = 0; part < 4; ++part) {
-      for (int64_t c = 0; c < w4[part]; c += 16) {
-        const __mmask16 k = first_lanes(w4[part] - c);
-        const __m512 z = load16(bf, h, r * width + c0 + c, k);
-        store16(bf, outs[part], r * w4[part] + c, k, _mm512_mul_ps(z, sigmoid<false>(z)));
-      }
+      for (int64_t c = 0; c < w4[part]; c += 16) f(r, part, c, c0 + c, first_lanes(w4[part] - c));
       c0 += w4[part];
     }
   }
 }
+}  // namespace
+
+void avx512_silu_split(bool bf, const void* h, int64_t r0, int64_t r1, int64_t width, const int64_t* w4,
+                       void* const* outs) {
+  for_each_split_block(r0, r1, w4, [&](int64_t r, int part, int64_t c, int64_t col, __mmask16 k) {
+    const __m512 z = load16(bf, h, r * width + col, k);
+    store16(bf, outs[part], r * w4[part] + c, k, _mm512_mul_ps(z, sigmoid<false>(z)));
+  });
+}
 
 void avx512_silu_split_bwd(bool bf, const void* h, int64_t r0, int64_t r1, int64_t width, const int64_t* w4,
                            const void* const* grads, void* dh) {
-  const __m512 one = _mm512_set1_ps(1.0f);
-  for (int64_t r = r0; r < r1; ++r) {
-    int64_t c0 = 0;
-    for (int part = 0; part < 4; ++part) {
-      for (int64_t c = 0; c < w4[part]; c += 16) {
-        const __mmask16 k = first_lanes(w4[part] - c);
-        const __m512 z = load16(bf, h, r * width + c0 + c, k);
-        const __m512 sg = sigmoid<false>(z);
-        const __m512 d = _mm512_mul_ps(sg, _mm512_fmadd_ps(z, _mm512_sub_ps(one, sg), one));
-        store16(bf, dh, r * width + c0 + c, k, _mm512_mul_ps(load16(bf, grads[part], r * w4[part] + c, k), d));
-      }
-      c0 += w4[part];
-    }
-  }
+  for_each_split_block(r0, r1, w4, [&](int64_t r, int part, int64_t c, int64_t col, __mmask16 k) {
+    const __m512 z = load16(bf, h, r * width + col, k);
+    const __m512 d = silu_grad(z, sigmoid<false>(z));
+    store16(bf, dh, r * width + col, k, _mm512_mul_ps(load16(bf, grads[part], r * w4[part] + c, k), d));
+  });
 }
 
 void avx512_norm_gate(bool bf, const void* attn, const void* u, int64_t r0, int64_t r1, int64_t D,
