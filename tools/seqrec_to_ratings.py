@@ -36,7 +36,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 FORMATS = ("pairs", "lines", "udata")
 
@@ -47,26 +47,29 @@ class FormatError(ValueError):
     """A line that does not fit the layout: ``path:line: what``."""
 
 
-def _ints(path: str, n: int, text: str, what: str) -> List[int]:
-    try:
-        return [int(x) for x in text.split()]
-    except ValueError:
-        raise FormatError(f"{path}:{n}: {what} must be integers, got {text[:80]!r}") from None
+def _int_rows(path: str, what: str) -> Iterator[Tuple[int, List[int]]]:
+    """``(line number, its integers)`` of every non-blank line of ``path``; a line that is not
+    all integers is a FormatError naming the file, the line and ``what`` it should hold."""
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield n, [int(x) for x in line.split()]
+            except ValueError:
+                raise FormatError(f"{path}:{n}: {what} must be integers, "
+                                  f"got {line[:80]!r}") from None
 
 
 def read_pairs(path: str) -> Sequences:
     """``user item`` per line, each user's lines in time order (SASRec's layout); the time of
     an event is its position in the user's sequence."""
     seqs: Sequences = {}
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            v = _ints(path, n, line, "user and item")
-            if len(v) != 2:
-                raise FormatError(f"{path}:{n}: expected 'user item', got {len(v)} fields")
-            s = seqs.setdefault(v[0], [])
-            s.append((v[1], len(s)))
+    for n, v in _int_rows(path, "user and item"):
+        if len(v) != 2:
+            raise FormatError(f"{path}:{n}: expected 'user item', got {len(v)} fields")
+        s = seqs.setdefault(v[0], [])
+        s.append((v[1], len(s)))
     return seqs
 
 
@@ -74,15 +77,11 @@ def read_udata(path: str) -> Sequences:
     """``user item rating seconds`` per line, whitespace-separated, in any order (MovieLens-100K's
     ``u.data``); each user's events sorted by time, equal times in file order."""
     seqs: Sequences = {}
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            v = _ints(path, n, line, "user, item, rating and time")
-            if len(v) != 4:
-                raise FormatError(f"{path}:{n}: expected 'user item rating time', got {len(v)} "
-                                  "fields")
-            seqs.setdefault(v[0], []).append((v[1], v[3]))
+    for n, v in _int_rows(path, "user, item, rating and time"):
+        if len(v) != 4:
+            raise FormatError(f"{path}:{n}: expected 'user item rating time', got {len(v)} "
+                              "fields")
+        seqs.setdefault(v[0], []).append((v[1], v[3]))
     for s in seqs.values():
         s.sort(key=lambda e: e[1])  # stable: equal times keep the file's order
     return seqs
@@ -92,32 +91,24 @@ def read_lines(path: str, times: Optional[str] = None) -> Sequences:
     """``user item item ...`` per line in time order (S3Rec's layout); with ``times`` a file of
     ``user t t ...`` lines of the same users and lengths (TiCoSeRec's), else positions."""
     seqs: Sequences = {}
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            v = _ints(path, n, line, "user and items")
-            if len(v) < 2:
-                raise FormatError(f"{path}:{n}: a user with no item")
-            if v[0] in seqs:
-                raise FormatError(f"{path}:{n}: user {v[0]} on a second line")
-            seqs[v[0]] = [(item, k) for k, item in enumerate(v[1:])]
+    for n, v in _int_rows(path, "user and items"):
+        if len(v) < 2:
+            raise FormatError(f"{path}:{n}: a user with no item")
+        if v[0] in seqs:
+            raise FormatError(f"{path}:{n}: user {v[0]} on a second line")
+        seqs[v[0]] = [(item, k) for k, item in enumerate(v[1:])]
     if times is None:
         return seqs
     seen = set()
-    with open(times) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            v = _ints(times, n, line, "user and times")
-            u, ts = v[0], v[1:]
-            if u not in seqs:
-                raise FormatError(f"{times}:{n}: user {u} is not in {path}")
-            if len(ts) != len(seqs[u]):
-                raise FormatError(f"{times}:{n}: user {u} has {len(ts)} times and "
-                                  f"{len(seqs[u])} items in {path}")
-            seqs[u] = [(item, t) for (item, _), t in zip(seqs[u], ts)]
-            seen.add(u)
+    for n, v in _int_rows(times, "user and times"):
+        u, ts = v[0], v[1:]
+        if u not in seqs:
+            raise FormatError(f"{times}:{n}: user {u} is not in {path}")
+        if len(ts) != len(seqs[u]):
+            raise FormatError(f"{times}:{n}: user {u} has {len(ts)} times and "
+                              f"{len(seqs[u])} items in {path}")
+        seqs[u] = [(item, t) for (item, _), t in zip(seqs[u], ts)]
+        seen.add(u)
     missing = set(seqs) - seen
     if missing:
         raise FormatError(f"{times}: no times for {len(missing)} users of {path} "
