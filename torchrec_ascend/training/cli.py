@@ -98,15 +98,12 @@ def run_cli(build: Callable[[], ExperimentConfig], out: Callable[[ExperimentConf
             msg = f"error: bad data: {e}"
         except (NonFiniteScoreError, NonFiniteTrainingError) as e:
             msg = f"error: {e}"
-        except PeerFailureError as e:  # every surviving rank says which peer it lost
+        except Exception as e:  # a lost peer: every surviving rank says so, in one line
+            if not isinstance(e, PeerFailureError):
+                if not is_peer_failure(e):  # (a lost peer outside the step's own collectives:
+                    raise                   # metrics, evaluation, checkpoints)
+                e = PeerFailureError.of(e, f"rank {_rank()}")
             print("error: " + " ".join(str(e).split()), file=sys.stderr, flush=True)
-            return 2
-        except Exception as e:  # any other collective (metrics, evaluation, checkpoints)
-            if not is_peer_failure(e):
-                raise
-            print(f"error: rank {_rank()}: a collective failed, a peer rank died or left "
-                  f"({type(e).__name__}: {' '.join(str(e).split())})", file=sys.stderr,
-                  flush=True)
             return 2
         if _rank() == 0:
             print(msg, file=sys.stderr, flush=True)

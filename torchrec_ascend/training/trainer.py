@@ -235,9 +235,8 @@ class Trainer:
                     lv = float(self._global([float(loss.detach().cpu())])[0])
                 except Exception as exc:
                     if is_peer_failure(exc):
-                        raise PeerFailureError(
-                            f"rank {self.env.rank}: step {step + 1}: a collective failed, a "
-                            f"peer rank died or left ({type(exc).__name__}: {exc})") from exc
+                        raise PeerFailureError.of(
+                            exc, f"rank {self.env.rank}: step {step + 1}") from exc
                     raise
             step += 1
             if not math.isfinite(lv):

@@ -61,9 +61,8 @@ class InstrumentedPipeline(TrainPipeline):
                 raise
             except Exception as exc:
                 if is_peer_failure(exc):
-                    raise PeerFailureError(
-                        f"rank {rank}: {self.kind} pipeline step {step}: a collective failed, "
-                        f"a peer rank died or left ({type(exc).__name__}: {exc})") from exc
+                    raise PeerFailureError.of(
+                        exc, f"rank {rank}: {self.kind} pipeline step {step}") from exc
                 raise
         record = self.timer.end_step(step)
         record["pipeline"] = self.kind

@@ -39,7 +39,14 @@ _PEER_SIGNS = ("connection closed by peer", "connection reset by peer", "broken 
 
 
 class PeerFailureError(RuntimeError):
-    """A collective of a pipeline step failed because another rank died or left."""
+    """A collective failed because another rank died or left."""
+
+    @classmethod
+    def of(cls, exc: BaseException, where: str) -> "PeerFailureError":
+        """The error for ``exc`` (a lost peer, :func:`is_peer_failure`) at ``where`` (e.g.
+        ``"rank 0: step 5"``), in the one wording every caller uses."""
+        return cls(f"{where}: a collective failed, a peer rank died or left "
+                   f"({type(exc).__name__}: {exc})")
 
 
 def _rank() -> int:
