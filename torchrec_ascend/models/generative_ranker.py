@@ -84,8 +84,9 @@ def split_key(key: str) -> Tuple[str, str]:
 class RankerSpec:
     """The tables of a ranking model: ``num_items``, ``num_users``, and ``{name: codes}`` of
     the user / item side features and of the impression context (``outcomes``: context columns
-    known after the impression only, history tokens); ``item_stats``: dense statistics per item
-    token (0: none)."""
+    known after the impression only, history tokens); ``item_stats``: the width of the dense
+    statistics per item token -- the item's and, with ``ranking.user_stats``, the user's
+    (0: none)."""
 
     num_items: int
     num_users: int
