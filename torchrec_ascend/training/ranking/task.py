@@ -78,14 +78,16 @@ def prepare_ranking(cfg: Any, progress: bool = False) -> RankingData:
         def item_reader(p):
             return read_feature_table(p, d.item_col, _header(p))
     else:
-        if d.source == "synthetic":
+        def load(p: bool) -> EventLog:  # rank 0 first: it writes the synthetic files too
+            files = ([synthetic_files(d)["log_standard"]] if d.source == "synthetic"
+                     else expand_paths(d.files))
+            return _kuairand_log(files, d, p)
+
+        log = rank_zero_first(load, progress)
+        if d.source == "synthetic":  # written by now
             syn = synthetic_files(d)
-            files = [syn["log_standard"]]
             user_file = user_file or syn.get("user_features")
             item_file = item_file or syn.get("video_features")
-        else:
-            files = expand_paths(d.files)
-        log = rank_zero_first(lambda p: _kuairand_log(files, d, p), progress)
         tasks = kuairand_tasks(log.meta.get("log_kinds", ["official"]))
         present = log.meta.get("context_columns", [])
         context = [c for c in KUAIRAND_CONTEXT if c in present]
