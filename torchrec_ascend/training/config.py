@@ -28,6 +28,7 @@ from ..distributed.train_pipeline import PipelineKind, check_pipeline_options
 from ..models.config import Encoder, ModelConfig
 from ..options import Key, OptionError, check_choice, convert, from_mapping, option, prefixed
 from ..sampling import NegativesMode, SamplerName
+from .lr_schedule import LrSchedule
 from .precision import Precision
 from .ranking.config import RANKING_METRICS, RankingConfig, RankingModel
 from .retrieval.split import Holdout
@@ -54,7 +55,9 @@ class TrainConfig:
     steps / epochs: give at most one (neither: ``DEFAULT_EPOCHS`` epochs); an epoch is one pass
     over the trainable users in global batches of ``batch_size x world`` users.  lr /
     weight_decay / clip_grad_norm: AdamW for the dense part (clip_grad_norm None or 0: no
-    clipping).  sparse_lr: row-wise Adagrad of the item table (fused into the backward).
+    clipping); lr_schedule: ``constant`` or ``cosine`` (the dense lr from ``lr`` at the first
+    step down to 0 after the run's last, :mod:`.lr_schedule`).  sparse_lr: row-wise Adagrad of
+    the item table (fused into the backward).
     negatives / num_negatives / sampler / temperature: the sampled softmax's negatives and
     temperature.  negatives ``shared`` (default): one pool of ``num_negatives`` = R ids per step
     for every query (2048: chosen on the validation splits of the KuaiRand sample and ML-1M,
@@ -95,6 +98,7 @@ class TrainConfig:
     lr: float = option(1e-3, gt=0, finite=True)
     sparse_lr: float = option(0.05, gt=0, finite=True)
     weight_decay: float = option(0.0, min=0, finite=True)
+    lr_schedule: LrSchedule = "constant"
     clip_grad_norm: Optional[float] = option(1.0, min=0, finite=True)
     negatives: NegativesMode = "shared"
     num_negatives: int = option(2048, min=1)

@@ -40,6 +40,7 @@ from ..distributed.train_pipeline import PeerFailureError
 from ..distributed.train_pipeline.faults import is_peer_failure
 from . import checkpoint as ckpt
 from .console import Console
+from .lr_schedule import lr_schedule
 from .pipelines import draw_pipeline_png, make_pipeline, step_row, wrap_model
 from .precision import resolve_precision
 from .process_group import DistEnv
@@ -69,11 +70,14 @@ class DenseOptimizer:
     gradient norm raises :class:`NonFiniteTrainingError` before any weight changes."""
 
     def __init__(self, params: List[torch.nn.Parameter], lr: float, weight_decay: float,
-                 clip: Optional[float]) -> None:
+                 clip: Optional[float], schedule: Optional[Callable[[int], float]] = None
+                 ) -> None:
         self.params = list(params)
         self.inner = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay,
                                        betas=(0.9, 0.98))
         self.clip = clip
+        self.lr = lr
+        self.schedule = schedule
         self.step_number = 0  # the trainer's step being trained (for the error)
 
     @property
@@ -90,6 +94,9 @@ class DenseOptimizer:
                     torch.nn.utils.get_total_norm([p.grad for p in grads]))
             if not bool(torch.isfinite(norm)):
                 raise NonFiniteTrainingError(self.step_number, "dense gradient norm", float(norm))
+        if self.schedule is not None:
+            for group in self.inner.param_groups:
+                group["lr"] = self.lr * self.schedule(self.step_number - 1)
         self.inner.step()
 
     def state_dict(self) -> Dict[str, Any]:
@@ -155,12 +162,13 @@ class Trainer:
                               t.replica_merge)
         task.init_tables(self.dmp, t.seed)
         dense = [p for _, p in in_backward_optimizer_filter(self.dmp.named_parameters())]
-        self.optimizer = DenseOptimizer(dense, t.lr, t.weight_decay, t.clip_grad_norm or None)
+        self.batches = task.batches(self.kind, env.rank, env.world_size, self._balance_group())
+        self.total = total_steps(self.cfg, self.batches.steps_per_epoch)
+        self.optimizer = DenseOptimizer(dense, t.lr, t.weight_decay, t.clip_grad_norm or None,
+                                        lr_schedule(t.lr_schedule, self.total))
         self.pipeline = make_pipeline(t.pipeline, self.dmp, self.optimizer, env.device,
                                       t.staleness, t.step_timeout_s, self._track_versions,
                                       t.sync_warmup_steps)
-        self.batches = task.batches(self.kind, env.rank, env.world_size, self._balance_group())
-        self.total = total_steps(self.cfg, self.batches.steps_per_epoch)
         self.sharding_type = ", ".join(sorted({opt.sharding_type for mod in self.plan.plan.values()
                                                for opt in mod.values()}))
 
