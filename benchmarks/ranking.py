@@ -11,7 +11,9 @@ is skipped.  Every seed trains the HSTU ranker and TorchRec's DLRM in one run
 (:func:`torchrec_ascend.training.run_experiment`, one thread); the no-history CTR baseline has
 no seed.  Rows ``{"data", "model", "seed", "valid": {task: {"auc", "gauc", "ne", ...}},
 "test": {...}, "tokens_per_s", "mfu", "steps"}`` go to ``benchmarks/results/ranking.json``
-(``ranking_quick.json`` with ``--quick``), with the means over seeds in ``summary``.
+(``ranking_quick.json`` with ``--quick``), with the means over seeds in ``summary``.  A config
+with ``ranking.refit`` (both KuaiRand ones) reports the refit models' test; each row keeps the
+refit's steps (``refit``) and the test of the model before it (``test_without_refit``).
 """
 
 from __future__ import annotations
@@ -67,10 +69,15 @@ def run_one(data: str, seed: int, quick: bool, out_root: str) -> List[Dict[str, 
     rows = []
     name = "synthetic" if quick else data
     for model, r in res["models"].items():
+        refit = r.get("refit")
         rows.append({"data": name, "model": model, "seed": seed, "valid": _slim(r["valid"]),
                      "test": _slim(r["test"]), "tokens_per_s": r["tokens_per_s"],
                      "mfu": r["mfu"], "steps": r["steps"],
-                     "restored_step": r.get("restored_step")})
+                     "restored_step": r.get("restored_step"),
+                     "refit": ({k: v for k, v in refit.items() if k != "test_without_refit"}
+                               if refit else None),
+                     "test_without_refit": (_slim(refit["test_without_refit"]) if refit
+                                            else None)})
     for baseline, b in res["baselines"].items():
         rows.append({"data": name, "model": baseline, "seed": None, "valid": _slim(b["valid"]),
                      "test": _slim(b["test"]), "tokens_per_s": None, "mfu": None,
@@ -86,7 +93,9 @@ def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             rs = [r for r in rows if r["data"] == data and r["model"] == model]
             if model == "ctr":
                 rs = rs[:1]  # no seed: the same numbers every time
-            for split in ("valid", "test"):
+            for split in ("valid", "test", "test_without_refit"):
+                if not rs[0].get(split):
+                    continue
                 for task, m in rs[0][split].items():
                     if not isinstance(m, dict):
                         continue

@@ -65,11 +65,11 @@ def _latest(ck):
         return ""
 
 
-def kill9_after_step_4(cfg, out, ck):
-    """Start a long run of ``cfg`` into ``out`` and SIGKILL it once ``ck`` (a checkpoints
-    folder) holds the step-4 checkpoint."""
+def kill9_after_step_4(cfg, out, ck, steps=100000):
+    """Start a run of ``cfg`` (``steps``: long by default) into ``out`` and SIGKILL it once
+    ``ck`` (a checkpoints folder) holds the step-4 checkpoint."""
     p = subprocess.Popen([sys.executable, TRAIN, "--no-progress", "--config", cfg, "--out", out,
-                          "--steps", "100000"],
+                          "--steps", str(steps)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, cwd=REPO)
     deadline = time.time() + 200
     try:
@@ -245,3 +245,32 @@ def test_ranking_kill9_resume_equals_uninterrupted(tmp_path):
             assert got[s] == want[s], (kind, s)
         assert rb["models"][kind]["valid"] == ra["models"][kind]["valid"]
         assert rb["models"][kind]["test"] == ra["models"][kind]["test"]
+
+
+@pytest.mark.slow
+def test_ranking_refit_kill9_resume_equals_uninterrupted(tmp_path):
+    """ranking.refit: SIGKILL the run inside the ranker's refit (after its step-4 checkpoint),
+    ``--resume``: the refit's logged losses and the final metrics equal an uninterrupted run."""
+    cfg = json.loads(json.dumps(RANKING_TINY))
+    cfg["models"] = ["hstu"]
+    cfg["data"]["cache_dir"] = str(tmp_path / "cache")
+    cfg["ranking"]["refit"] = True
+    cfg["train"]["steps"] = 6
+    path = tmp_path / "rank.json"
+    path.write_text(json.dumps(cfg))
+    b = str(tmp_path / "b")
+    ck = os.path.join(b, "hstu", "refit", "checkpoints")
+    kill9_after_step_4(str(path), b, ck, steps=6)
+    latest = _latest(ck)
+    r = run(["--config", str(path), "--out", b, "--resume"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"[hstu/refit] resumed from {os.path.join(ck, latest)}" in r.stdout
+    a = str(tmp_path / "a")
+    r = run(["--config", str(path), "--out", a])
+    assert r.returncode == 0, r.stderr[-3000:]
+    ra = json.load(open(os.path.join(a, "results.json")))["models"]["hstu"]
+    rb = json.load(open(os.path.join(b, "results.json")))["models"]["hstu"]
+    want, got = losses(a, "hstu/refit"), losses(b, "hstu/refit")
+    assert sorted(want) == list(range(1, ra["refit"]["steps"] + 1)) and ra["refit"]["steps"] > 6
+    assert sorted(got) == sorted(want) and all(got[s] == want[s] for s in want)
+    assert rb["valid"] == ra["valid"] and rb["test"] == ra["test"] and rb["refit"] == ra["refit"]

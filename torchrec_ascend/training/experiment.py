@@ -7,7 +7,8 @@ each model trained and evaluated -> ``<out>/results.json`` + ``<out>/training.pn
      of the compute dtype), "precision": {"requested", "compute_dtype", "reason"},
      "seconds": wall time, "data": the task's data summary,
      "models": {"hstu": {"valid": {metrics}, "test": {metrics}, "tokens_per_s": x, "mfu": x,
-                         "steps", "stopped_early", "best_valid", "evals": [...]}, ...},
+                         "steps", "stopped_early", "best_valid", "evals": [...],
+                         "refit": {...} with ranking.refit (.refit)}, ...},
      "baselines": {"most_popular": {"valid": {metrics}, "test": {metrics}}},
      "plot": path, "config_values": the full config}
 
@@ -32,6 +33,7 @@ from .precision import resolve_precision
 from .process_group import DistEnv, init_distributed
 from .ranking import RankingTask, prepare_ranking
 from .recorder import plot
+from .refit import refit
 from .retrieval import RetrievalTask, hold_out
 from .run_folder import RunFolder, check_writable_dir
 from .sources import load_sequences
@@ -102,6 +104,9 @@ def _run(cfg: ExperimentConfig, out: str, resume: bool, progress: bool,
                     f"{cfg.train.balance}")
         results[kind] = trainer.fit()
         histories[kind] = results[kind].pop("history")
+        if task.refit_task() is not None:
+            results[kind] = refit(cfg, task, env, out, kind, peak, trainer, results[kind],
+                                  console, progress=progress, resume=resume)
     summary: Dict[str, Any] = {
         "config": cfg.name, "task": task.name, "world_size": env.world_size,
         "peak_gflops": peak / 1e9,

@@ -118,6 +118,11 @@ class Task(abc.ABC):
     def describe(self) -> str:
         """One console line about the prepared data and the split."""
 
+    def refit_task(self) -> Optional["Task"]:
+        """The task whose training split adds the validation one, when the config asks for a
+        refit (:mod:`.refit`); None: no refit."""
+        return None
+
     @abc.abstractmethod
     def baselines(self, rank: int, world: int) -> Dict[str, Dict[str, Any]]:
         """``{name: {"valid": metrics or None, "test": metrics}}`` of the task's baselines on

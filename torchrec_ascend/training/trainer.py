@@ -123,16 +123,22 @@ class Trainer:
     model's log and checkpoints go to ``out/<kind>/``); ``peak_flops``: per-rank peak for MFU;
     ``resume``: continue from the newest intact checkpoint; ``console``: where messages go
     (through the progress bar); ``track_versions``: the ``semi_async`` pipeline records which
-    parameter version each lookup read (``pipeline.versions``; tests)."""
+    parameter version each lookup read (``pipeline.versions``; tests); ``stage``: a second
+    training of the same model kind (e.g. ``refit``: its log and checkpoints go to
+    ``out/<kind>/<stage>/``); ``stop_fraction``: stop after that share of the run's total steps
+    (the learning-rate schedule still spans the whole run)."""
 
     def __init__(self, cfg: Any, task: Task, env: DistEnv, out: str, kind: str,
                  peak_flops: float, progress: bool = True, resume: bool = False,
-                 console: Optional[Console] = None, track_versions: bool = False) -> None:
+                 console: Optional[Console] = None, track_versions: bool = False,
+                 stage: str = "", stop_fraction: Optional[float] = None) -> None:
         self.cfg, self.task, self.env, self.out, self.kind = cfg, task, env, out, kind
         self.peak_flops, self.progress, self.resume = peak_flops, progress, resume
         self.console = console if console is not None else Console(env.rank == 0)
         self._track_versions = track_versions
-        self.root = f"{out}/{kind}"
+        self.stage, self.stop_fraction = stage, stop_fraction
+        self.name = f"{kind}/{stage}" if stage else kind  # its log's folder, its console label
+        self.root = f"{out}/{self.name}"
         self.best_root = f"{self.root}/best"
         self._build()
 
@@ -163,9 +169,12 @@ class Trainer:
         task.init_tables(self.dmp, t.seed)
         dense = [p for _, p in in_backward_optimizer_filter(self.dmp.named_parameters())]
         self.batches = task.batches(self.kind, env.rank, env.world_size, self._balance_group())
-        self.total = total_steps(self.cfg, self.batches.steps_per_epoch)
+        self.schedule_total = total_steps(self.cfg, self.batches.steps_per_epoch)
+        self.total = self.schedule_total
+        if self.stop_fraction is not None:
+            self.total = max(1, min(self.total, round(self.stop_fraction * self.total)))
         self.optimizer = DenseOptimizer(dense, t.lr, t.weight_decay, t.clip_grad_norm or None,
-                                        lr_schedule(t.lr_schedule, self.total))
+                                        lr_schedule(t.lr_schedule, self.schedule_total))
         self.pipeline = make_pipeline(t.pipeline, self.dmp, self.optimizer, env.device,
                                       t.staleness, t.step_timeout_s, self._track_versions,
                                       t.sync_warmup_steps)
@@ -269,8 +278,8 @@ class Trainer:
                 start, history, stop = int(st["step"]), st["history"], st["early_stopping"]
                 if t.sync_warmup_steps:  # the warm-up counts global steps
                     self.pipeline.sync_warmup_steps = max(0, t.sync_warmup_steps - start)
-                self.console.say(f"[{self.kind}] resumed from {last} at step {start}")
-        rec = Recorder(self.out, self.kind, self.env.rank == 0, start_step=start)
+                self.console.say(f"[{self.name}] resumed from {last} at step {start}")
+        rec = Recorder(self.out, self.name, self.env.rank == 0, start_step=start)
         rec.log({"step": start, "precision": t.precision,
                  "compute_dtype": dtype_name(self.compute_dtype), "reason": self.precision_reason})
         win = np.zeros(3)  # tokens, flops, seconds
@@ -292,7 +301,7 @@ class Trainer:
                 win[:] = 0
 
         step = start
-        self.console.open_bar(f"train {self.kind}", self.total, start, self.progress)
+        self.console.open_bar(f"train {self.name}", self.total, start, self.progress)
         try:
             with summed_sparse_gradients():
                 step = self._train_to(step, on_step, seg_end, history, rec, stop)
@@ -326,7 +335,7 @@ class Trainer:
         t, e = self.cfg.train, self.cfg.eval
         if self.env.rank == 0:
             draw_pipeline_png(self.pipeline, f"{self.root}/pipeline.png",
-                              title=f"{self.kind}: train.pipeline={t.pipeline}, "
+                              title=f"{self.name}: train.pipeline={t.pipeline}, "
                                     f"staleness={t.staleness} (rank 0)")
         restored = None
         if e.restore_best and stop["best_step"] not in (None, step):
@@ -335,7 +344,7 @@ class Trainer:
                 raise RuntimeError(f"eval.restore_best: no intact checkpoint under "
                                    f"{self.best_root}")
             restored = int(self._load(best)["step"])
-            self.console.say(f"[{self.kind}] restored the best validation model (step {restored})")
+            self.console.say(f"[{self.name}] restored the best validation model (step {restored})")
         self.dmp.sync_replicas()  # 2-D: the final evaluation is of the merged replicas
         valid = self.evaluate("valid") if self.task.has_valid else None
         test = self.evaluate("test")
@@ -370,7 +379,7 @@ class Trainer:
         rec.scalar("perf/tokens_per_s", tok_s, step)
         rec.scalar("perf/mfu", mfu, step)
         lv = history["loss"][-1][1] if history["loss"] else float("nan")
-        self.console.say(f"[{self.kind}] step {step}/{self.total} loss {lv:.4f} tokens/s "
+        self.console.say(f"[{self.name}] step {step}/{self.total} loss {lv:.4f} tokens/s "
                          f"{tok_s:,.0f} MFU {100 * mfu:.2f}%")
 
     def _periodic_eval(self, step: int, history: Dict[str, list], rec: Recorder,
@@ -392,7 +401,7 @@ class Trainer:
             if t.early_stopping_patience and stop["bad"] >= t.early_stopping_patience:
                 stop["stopped"] = True
         shown = {k: v for k, v in _scalars(met).items() if "/" not in k or k.endswith("/auc")}
-        self.console.say(f"[{self.kind}] step {step} valid " +
+        self.console.say(f"[{self.name}] step {step} valid " +
                          " ".join(f"{k} {v:.4f}" for k, v in shown.items()) +
                          (" (early stop)" if stop["stopped"] else ""))
 

@@ -1,7 +1,10 @@
-"""Ranking data and batches: the time split by calendar days, example windows, histories only
-from the past, no label or outcome of a candidate in the input, token layouts, rank shares."""
+"""Ranking data and batches: the time split by calendar days, example windows (and a refit's
+train+valid ones), histories only from the past, no label or outcome of a candidate in the
+input, token layouts, rank shares, the CTR baseline's rates."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -13,6 +16,7 @@ from torchrec_ascend.models.generative_ranker import (ROLE_CANDIDATE, ROLE_HISTO
                                                       split_key)
 from torchrec_ascend.testing.ranking_data import DAY_MS, spec_of, tiny_ranking_data  # noqa: E402
 from torchrec_ascend.training.balancing import RankShare  # noqa: E402
+from torchrec_ascend.training.ranking.baselines import ctr_scores  # noqa: E402
 from torchrec_ascend.training.ranking.batches import ExampleBuilder, RankingBatches  # noqa: E402
 from torchrec_ascend.training.ranking.data import TaskSpec, TimeSplit, kuairand_tasks  # noqa: E402
 
@@ -210,3 +214,37 @@ def test_user_statistics_reach_candidates_as_of_their_windows_start(data, kind):
         np.testing.assert_array_equal(flipped[rows], got[rows])
         changed += not np.array_equal(flipped, got)  # a later impression's statistics moved
     assert changed > 0
+
+
+def test_train_plus_valid_examples_cover_both_splits_once(data):
+    owner = data.user_of_events()
+    ex = data.examples("train+valid", max_candidates=3, max_history=5)
+    got = np.concatenate([np.arange(s, e) for s, e in zip(ex.start, ex.end)])
+    want = np.flatnonzero((data.period == 0) | (data.period == 1))
+    assert sorted(got.tolist()) == want.tolist() and len(want) > len(data.events_of("train"))
+    for u, h, s, e in zip(ex.user, ex.hist_start, ex.start, ex.end):
+        assert (owner[h:e] == u).all() and data.times[h:s].max(initial=0) <= data.times[s:e].min()
+
+
+@pytest.mark.parametrize("fit_on", ["train", "train+valid"])
+def test_ctr_rates_over_the_chosen_days_equal_a_float64_loop(data, fit_on):
+    def logit(q: float) -> float:
+        return math.log(q / (1 - q))
+
+    k = 3.0
+    periods = {"train": (0,), "train+valid": (0, 1)}[fit_on]
+    owner = data.user_of_events()
+    labels = data.labels(np.arange(data.num_events)).astype(np.float64)
+    fit = [i for i in range(data.num_events) if data.period[i] in periods]
+    test = [i for i in range(data.num_events) if data.period[i] == 2]
+    got = ctr_scores(data, "test", k, fit_on)
+    for t in range(len(data.tasks)):
+        p = sum(labels[i, t] for i in fit) / len(fit)
+        for row, i in enumerate(test):
+            rates = []
+            for key in (lambda j: owner[j], lambda j: data.items[j]):
+                pos = sum(labels[j, t] for j in fit if key(j) == key(i))
+                n = sum(1 for j in fit if key(j) == key(i))
+                rates.append((pos + k * p) / (n + k))
+            z = logit(rates[0]) + logit(rates[1]) - logit(p)
+            assert got[row, t] == pytest.approx(1 / (1 + math.exp(-z)), rel=1e-6)

@@ -4,6 +4,8 @@ an uninterrupted one, the DLRM baseline and both layouts train; results.json has
 
 from __future__ import annotations
 
+import json
+import math
 import os
 
 import numpy as np
@@ -19,6 +21,7 @@ from torchrec_ascend.training import Trainer, config_from_dict  # noqa: E402
 from torchrec_ascend.training.console import Console  # noqa: E402
 from torchrec_ascend.training.process_group import init_distributed  # noqa: E402
 from torchrec_ascend.training.ranking import RankingTask, prepare_ranking  # noqa: E402
+from torchrec_ascend.training.refit import refit, refit_config  # noqa: E402
 
 STEPS = 4
 TOL = 1e-5
@@ -139,3 +142,58 @@ def test_each_model_trains_its_tables_at_its_sparse_lr(tmp_path):
                           progress=False, console=Console(False))
         lrs = [g["lr"] for g in trainer.dmp.fused_optimizer.param_groups]
         assert lrs and lrs == pytest.approx([lr] * len(lrs)), kind
+
+
+def _fit_and_refit(out: str, cache: str, resume: bool = False, **train):
+    env = init_distributed("cpu")
+    cfg = tiny_config(cache, steps=6, eval_every=2, **train)
+    cfg.eval.restore_best = True
+    cfg.ranking.refit = True
+    task = RankingTask(cfg, prepare_ranking(cfg))
+    first = Trainer(cfg, task, env, out, "hstu", peak_flops=1e9, progress=False,
+                    console=Console(False), resume=resume)
+    res = first.fit()
+    res.pop("history")
+    return task, first, res, refit(cfg, task, env, out, "hstu", 1e9, first, dict(res),
+                                   Console(False), progress=False, resume=resume)
+
+
+def test_refit_trains_on_train_and_valid_for_the_chosen_share(tmp_path):
+    task, first, res, merged = _fit_and_refit(str(tmp_path / "run"), str(tmp_path / "cache"))
+    view = task.refit_task()
+    assert view is not None and not view.has_valid and task.has_valid
+    n_first, n_refit = len(task.examples["train"]), len(task.examples["train+valid"])
+    assert n_refit > n_first
+    per_epoch = view.batches("hstu", 0, 1, None).steps_per_epoch
+    assert per_epoch == n_refit // 8 > first.batches.steps_per_epoch  # full batches
+    r = merged["refit"]
+    chosen = res["restored_step"] or res["steps"]
+    assert r["chosen_step"] == chosen and r["of_steps"] == 6
+    # train.steps = 6 is 6 / (first epoch's steps) epochs of the larger data, stopped at the
+    # same share
+    want_total = math.ceil(6 / first.batches.steps_per_epoch * per_epoch)
+    assert r["schedule_steps"] == want_total and r["steps_per_epoch"] == per_epoch
+    assert r["steps"] == max(1, round(chosen / 6 * want_total))
+    logged = [json.loads(x)["step"] for x in open(tmp_path / "run" / "hstu" / "refit" / "log.jsonl")
+              if '"loss"' in x]
+    assert logged == list(range(1, r["steps"] + 1))
+    assert merged["valid"] == res["valid"] and r["test_without_refit"] == res["test"]
+    assert merged["test"]["is_click"]["logloss"] != res["test"]["is_click"]["logloss"]
+    assert merged["test"]["is_click"]["count"] == res["test"]["is_click"]["count"]
+
+
+def test_refit_config_drops_validation_and_keeps_the_epochs(tmp_path):
+    cfg = tiny_config(str(tmp_path), steps=10, eval_every=5, early_stopping_patience=2)
+    cfg.eval.restore_best = True
+    out = refit_config(cfg, steps_per_epoch=4)
+    assert out.train.steps is None and out.train.epochs == 2.5
+    assert out.train.eval_every == 0 and out.train.early_stopping_patience == 0
+    assert not out.eval.restore_best and cfg.train.steps == 10 and cfg.eval.restore_best
+
+
+def test_a_refit_without_the_option_is_refused(tmp_path):
+    cfg = tiny_config(str(tmp_path / "cache"))
+    task = RankingTask(cfg, prepare_ranking(cfg))
+    assert task.refit_task() is None
+    with pytest.raises(ValueError, match="no refit"):
+        refit(cfg, task, None, str(tmp_path), "hstu", 1e9, None, {}, Console(False))

@@ -1,11 +1,12 @@
 """The no-history baseline of the ranking task: per-user and per-item rates of each task from
-the training days.
+the training days (with ``ranking.refit``, the test's from the training and validation days,
+as the models' refits).
 
 For an impression of user ``u`` and item ``i``, with ``p`` the training positive rate of the
 task and ``k`` the smoothing weight (``ranking.ctr_smoothing`` pseudo-impressions at rate ``p``):
 ``p_u = (pos_u + k p) / (n_u + k)``, ``p_i`` likewise, and the prediction is
 ``sigmoid(logit(p_u) + logit(p_i) - logit(p))`` (the two rates combined as independent evidence
-over the prior).  A user or item absent from the training days gets ``p``.  It sees no sequence,
+over the prior).  A user or item absent from the days the rates come from gets ``p``.  It sees no sequence,
 no side feature and no context: what the rates alone buy.
 """
 
@@ -15,7 +16,7 @@ from typing import Any, Dict
 
 import numpy as np
 
-from .data import PERIODS, TRAIN, RankingData
+from .data import RankingData
 from .evaluator import metrics_of
 
 __all__ = ["ctr_baseline", "ctr_scores"]
@@ -26,11 +27,13 @@ def _logit(p: np.ndarray) -> np.ndarray:
     return np.log(p / (1 - p))
 
 
-def ctr_scores(data: RankingData, which: str, smoothing: float) -> np.ndarray:
-    """``[impressions of which, tasks]`` probabilities (module docstring)."""
+def ctr_scores(data: RankingData, which: str, smoothing: float, fit_on: str = "train"
+               ) -> np.ndarray:
+    """``[impressions of which, tasks]`` probabilities (module docstring), the rates counted
+    over split ``fit_on`` (``train`` or ``train+valid``)."""
     owner = data.user_of_events()
-    train = np.flatnonzero(data.period == TRAIN)
-    ev = np.flatnonzero(data.period == PERIODS[which])
+    train = data.events_of(fit_on)
+    ev = data.events_of(which)
     lab = data.labels(train)
     out = np.empty((len(ev), len(data.tasks)), dtype=np.float64)
     for t in range(len(data.tasks)):
@@ -45,8 +48,10 @@ def ctr_scores(data: RankingData, which: str, smoothing: float) -> np.ndarray:
     return out
 
 
-def ctr_baseline(data: RankingData, which: str, smoothing: float) -> Dict[str, Any]:
-    """The baseline's metrics on ``which`` (``valid`` / ``test``: every impression of it)."""
-    ev = np.flatnonzero(data.period == PERIODS[which])
-    return metrics_of(ctr_scores(data, which, smoothing), data.labels(ev),
+def ctr_baseline(data: RankingData, which: str, smoothing: float, fit_on: str = "train"
+                 ) -> Dict[str, Any]:
+    """The baseline's metrics on ``which`` (``valid`` / ``test``: every impression of it), the
+    rates counted over ``fit_on``."""
+    ev = data.events_of(which)
+    return metrics_of(ctr_scores(data, which, smoothing, fit_on), data.labels(ev),
                       data.user_of_events()[ev], [t.name for t in data.tasks])

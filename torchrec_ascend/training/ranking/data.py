@@ -14,6 +14,10 @@ the training days.
 Beijing's, UTC+8; tables default to UTC) -- the last ``test_days`` days are the test, the
 ``valid_days`` before them the validation, everything earlier the training.
 
+**Refit** (``ranking.refit``): the split ``train+valid`` -- the training and validation days
+together -- is what a model is trained on again, once the validation days have chosen its step
+(:mod:`.refit`).
+
 **Examples** (:meth:`RankingData.examples`): a user's impressions of one split, in time order,
 cut into windows of at most ``max_candidates`` consecutive impressions; an example's candidates
 are one window and its history every earlier impression of the user (any split: the past is
@@ -40,11 +44,12 @@ from ...datasets.features import SideFeatures, encode_values
 from ...datasets.schema import ACTION_BITS, ACTION_COLUMNS
 from .item_stats import item_statistics
 
-__all__ = ["TRAIN", "VALID", "TEST", "PERIODS", "TaskSpec", "ContextColumn", "TimeSplit",
+__all__ = ["TRAIN", "VALID", "TEST", "SPLITS", "TaskSpec", "ContextColumn", "TimeSplit",
            "Examples", "RankingData", "kuairand_tasks", "KUAIRAND_CONTEXT", "KUAIRAND_OUTCOMES"]
 
 TRAIN, VALID, TEST = 0, 1, 2
-PERIODS = {"train": TRAIN, "valid": VALID, "test": TEST}
+SPLITS = {"train": (TRAIN,), "valid": (VALID,), "test": (TEST,), "train+valid": (TRAIN, VALID)}
+"""The periods of each split name (``train+valid``: a refit's training, module docstring)."""
 
 KUAIRAND_CONTEXT = ("tab", "is_rand", "duration_ms")
 """KuaiRand log columns known when an impression is served (candidate features)."""
@@ -207,10 +212,9 @@ class RankingData:
         return np.repeat(np.arange(self.num_users), np.diff(self.offsets))
 
     def examples(self, which: str, max_candidates: int, max_history: int) -> Examples:
-        """The examples of split ``which`` (module docstring), users in order."""
-        p = PERIODS[which]
+        """The examples of split ``which`` (:data:`SPLITS`; module docstring), users in order."""
         owner = self.user_of_events()
-        sel = np.flatnonzero(self.period == p)
+        sel = self.events_of(which)
         if len(sel) == 0:
             z = np.zeros(0, dtype=np.int64)
             return Examples(z, z, z, z)
@@ -245,8 +249,12 @@ class RankingData:
         prior = lab[train].mean(axis=0) if train.any() else np.full(len(self.tasks), 0.5)
         return item_statistics(keys, self.times, lab, prior, smoothing)
 
+    def events_of(self, which: str) -> np.ndarray:
+        """The indices of the events of split ``which`` (:data:`SPLITS`), in order."""
+        return np.flatnonzero(np.isin(self.period, SPLITS[which]))
+
     def task_counts(self, which: str) -> Dict[str, Tuple[int, int]]:
         """Per task, ``(positives, impressions)`` in split ``which``."""
-        ev = np.flatnonzero(self.period == PERIODS[which])
+        ev = self.events_of(which)
         lab = self.labels(ev)
         return {t.name: (int(lab[:, i].sum()), len(ev)) for i, t in enumerate(self.tasks)}

@@ -10,6 +10,7 @@ feature files, the tasks.
 
 from __future__ import annotations
 
+import copy
 import zlib
 from typing import Any, Dict, List, Optional
 
@@ -153,11 +154,13 @@ class RankingTask(Task):
         c = self.spec.contextual_tokens
         per_token = 2 if r.layout == "interleaved" else 1
         self.max_history = max(0, (cfg.model.max_seq_len - c - r.max_candidates) // per_token)
+        splits = ("train", "valid", "test") + (("train+valid",) if r.refit else ())
         self.examples = {w: data.examples(w, r.max_candidates, self.max_history)
-                         for w in ("train", "valid", "test")}
+                         for w in splits}
         # DLRM sees no sequence: one impression per example, the same rows on every rank
         # (TorchRec's pooled sharded tables need equal batches across ranks)
-        self.impressions = {w: data.examples(w, 1, 0) for w in ("train", "valid", "test")}
+        self.impressions = {w: data.examples(w, 1, 0) for w in splits}
+        self.training_split = "train"
         self._builders: Dict[str, ExampleBuilder] = {}
         self._evaluators: Dict[str, RankingEvaluator] = {}
 
@@ -180,7 +183,16 @@ class RankingTask(Task):
 
     @property
     def has_valid(self) -> bool:
-        return True
+        return self.training_split == "train"
+
+    def refit_task(self) -> Optional["RankingTask"]:
+        """With ``ranking.refit``: this task training on ``train+valid`` (the same data,
+        builders and evaluators; no validation of its own)."""
+        if not self.cfg.ranking.refit:
+            return None
+        view = copy.copy(self)
+        view.training_split = "train+valid"
+        return view
 
     def build_model(self, kind: str, compute_dtype: torch.dtype) -> nn.Module:
         r, m = self.cfg.ranking, self.cfg.model
@@ -220,7 +232,7 @@ class RankingTask(Task):
             cost = HSTUCostModel.from_flops(m.num_layers, m.embedding_dim, m.num_heads,
                                             m.attention_dim, m.linear_dim, backward=True)
         share = RankShare(t.balance, cost, rank, world, t.batch_size, balance_group)
-        return RankingBatches(self.builder(kind), self.examples_of(kind)["train"],
+        return RankingBatches(self.builder(kind), self.examples_of(kind)[self.training_split],
                               t.batch_size * world, t.seed, share, ahead=t.balance_ahead)
 
     def evaluate(self, model: nn.Module, which: str, share: Any,
@@ -261,5 +273,7 @@ class RankingTask(Task):
                 f"{self.max_history}); tasks (training positive rate): {rates}{dup}")
 
     def baselines(self, rank: int, world: int) -> Dict[str, Dict[str, Any]]:
-        k = self.cfg.ranking.ctr_smoothing
-        return {"ctr": {w: ctr_baseline(self.data, w, k) for w in ("valid", "test")}}
+        r = self.cfg.ranking
+        fit_on = {"valid": "train", "test": "train+valid" if r.refit else "train"}
+        return {"ctr": {w: ctr_baseline(self.data, w, r.ctr_smoothing, fit_on[w])
+                        for w in ("valid", "test")}}
