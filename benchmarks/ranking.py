@@ -42,7 +42,7 @@ QUICK = ["data.source=synthetic", "data.files=[]", "train.epochs=null", "train.s
          '"mean_len": 12, "max_len": 40, "random_log_rows": 20, "seed": 1}',
          "data.user_features=null", "data.item_features=null", "ranking.test_days=1",
          "ranking.valid_days=1", "model.embedding_dim=16", "model.max_seq_len=32"]
-METRICS = ("auc", "gauc", "ne", "logloss", "positive_rate", "count")
+METRICS = ("auc", "gauc", "ne", "logloss", "positive_rate", "count", "rmse", "mae", "r2")
 
 
 def _slim(split: Dict[str, Any]) -> Dict[str, Any]:
@@ -97,7 +97,7 @@ def summarize(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 if not rs[0].get(split):
                     continue
                 for task, m in rs[0][split].items():
-                    if not isinstance(m, dict):
+                    if not isinstance(m, dict) or "auc" not in m:
                         continue
                     vals = [r[split][task]["auc"] for r in rs if r[split][task]["auc"] is not None]
                     out.append({"data": data, "model": model, "split": split, "task": task,

@@ -105,3 +105,25 @@ def test_one_class_is_none_with_a_reason():
     assert m["auc"] == pytest.approx(0.25) and m["gauc"] is None and "GAUC" in m["reason"]
     assert ranking_metrics(np.zeros(0), np.zeros(0), np.zeros(0))["reason"].startswith(
         "no impressions")
+
+
+def test_regression_metrics_equal_float64_loops_on_the_known_rows():
+    from torchrec_ascend.metrics import regression_metrics
+
+    rng = np.random.default_rng(7)
+    t = rng.normal(2.0, 1.0, 300)
+    p = t + rng.normal(0.0, 0.5, 300)
+    t[rng.choice(300, 17, replace=False)] = np.nan
+    got = regression_metrics(p, t)
+    pairs = [(float(a), float(b)) for a, b in zip(p, t) if not math.isnan(b)]
+    n = len(pairs)
+    mean = sum(b for _, b in pairs) / n
+    sse = sum((a - b) ** 2 for a, b in pairs)
+    assert got["count"] == n == 283 and got["missing"] == 17
+    assert got["rmse"] == pytest.approx(math.sqrt(sse / n), rel=1e-12)
+    assert got["mae"] == pytest.approx(sum(abs(a - b) for a, b in pairs) / n, rel=1e-12)
+    assert got["r2"] == pytest.approx(1 - sse / sum((b - mean) ** 2 for _, b in pairs), rel=1e-12)
+    none = regression_metrics(p[:3], np.full(3, np.nan))
+    assert none["rmse"] is None and none["count"] == 0 and "no known target" in none["reason"]
+    flat = regression_metrics(np.zeros(4), np.ones(4))
+    assert flat["r2"] is None and flat["rmse"] == 1.0 and "R^2 is undefined" in flat["reason"]

@@ -122,3 +122,51 @@ def test_spec_tables_and_keys():
                              "item__author_id": (7, ["item__author_id"]),
                              "ctx__tab": (3, ["ctx__tab"]),
                              "ctx__play_time_ms": (9, ["ctx__play_time_ms"])}
+
+
+def test_watch_time_target_and_loss_against_a_float64_formula(data):
+    """The watch-time target is log1p(play_time_ms / 1000) of each event (read back from the
+    log file); both ranking models' loss = sum of weighted BCE + weight x squared error over
+    the known targets, x loss_scale (float64, written out)."""
+    import csv
+
+    from torchrec_ascend.models.dlrm_ranker import DLRMRanker
+
+    with open(data.source) as f:
+        play = {(int(r["user_id"]), int(r["time_ms"])): int(r["play_time_ms"])
+                for r in csv.DictReader(f)}
+    owner = data.user_of_events()
+    want = [np.log1p(play[(int(data.user_ids[u]), int(t))] / 1000.0)
+            for u, t in zip(owner, data.times)]
+    np.testing.assert_allclose(data.watch_time, want, rtol=1e-6)
+
+    spec = spec_of(data)
+    targets = data.watch_time.copy()
+    ex = data.examples("train", 3, 10)
+    first = int(ex.start[0])
+    targets[first] = np.nan  # an unknown target adds nothing
+    for kind in ("hstu", "dlrm"):
+        torch.manual_seed(0)
+        if kind == "hstu":
+            m = GenerativeRanker(spec, CFG, [1.0, 2.0], "summed", [8], device=torch.device("cpu"),
+                                 target_weight=0.5)
+        else:
+            m = DLRMRanker(spec, 8, [1.0, 2.0], [8], [8], device=torch.device("cpu"),
+                           target_weight=0.5)
+        for p in (m.ec if kind == "hstu" else m.dlrm.sparse_arch).parameters():
+            torch.nn.init.normal_(p, 0.0, 0.3)
+        b = ExampleBuilder(data, spec, kind, targets=targets)
+        batch = b.build(ex, 0.01)
+        assert batch.targets.shape == (batch.num_candidates, 1)
+        loss, _ = m(batch)
+        out = m.predict(batch).double().detach().numpy()
+        assert out.shape == (batch.num_candidates, 3)
+        y = batch.labels.double().numpy()
+        prob = 1 / (1 + np.exp(-out[:, :2]))
+        bce = -(y * np.log(prob) + (1 - y) * np.log(1 - prob))
+        t = batch.targets[:, 0].double().numpy()
+        known = np.isfinite(t)
+        assert (~known).sum() == 1
+        se = ((out[known, 2] - t[known]) ** 2).sum()
+        expect = ((bce * [1.0, 2.0]).sum() + 0.5 * se) * 0.01
+        assert float(loss.detach()) == pytest.approx(expect, rel=1e-5), kind

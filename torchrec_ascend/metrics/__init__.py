@@ -11,7 +11,7 @@ from .flops import (
     sasrec_forward_flops,
     training_flops,
 )
-from .ranking import auc, gauc, log_loss, normalized_entropy, ranking_metrics
+from .ranking import auc, gauc, log_loss, normalized_entropy, ranking_metrics, regression_metrics
 from .retrieval import (DEFAULT_KS, NonFiniteScoreError, RetrievalMetrics, check_finite_scores,
                         filter_history, metrics_from_ranks, target_ranks)
 
@@ -20,5 +20,5 @@ __all__ = [
     "device_peak_flops", "filter_history",
     "measure_peak_gemm_flops", "metrics_from_ranks", "mfu", "sampled_softmax_flops",
     "sasrec_forward_flops", "target_ranks", "training_flops",
-    "auc", "gauc", "log_loss", "normalized_entropy", "ranking_metrics",
+    "auc", "gauc", "log_loss", "normalized_entropy", "ranking_metrics", "regression_metrics",
 ]

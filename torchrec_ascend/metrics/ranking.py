@@ -15,6 +15,10 @@ log loss, positive rate.
   ``[eta, 1 - eta]``); < 1 beats predicting the rate.
 * **log loss**: mean cross-entropy in nats (scikit-learn's ``log_loss``).
 
+A regression target (the optional watch time) gets :func:`regression_metrics`: RMSE, MAE and R^2
+(one minus the squared error over that of the split's mean, scikit-learn's ``r2_score``) over
+the rows whose target is known.
+
 A task whose split holds one class only has no AUC, GAUC or NE: every value is ``None`` and
 ``reason`` says why.
 """
@@ -25,7 +29,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["auc", "gauc", "normalized_entropy", "log_loss", "ranking_metrics", "ETA"]
+__all__ = ["auc", "gauc", "normalized_entropy", "log_loss", "ranking_metrics",
+           "regression_metrics", "ETA"]
 
 ETA = 1e-12
 """Predictions are clamped to ``[ETA, 1 - ETA]`` for the cross-entropies (TorchRec's eta)."""
@@ -131,4 +136,27 @@ def ranking_metrics(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray
                ne=normalized_entropy(scores, labels))
     if g is None:
         out["reason"] = "no user has both classes in this split: GAUC is undefined"
+    return out
+
+
+def regression_metrics(predictions: np.ndarray, targets: np.ndarray) -> Dict[str, Any]:
+    """``rmse``, ``mae``, ``r2``, ``count`` (the rows with a finite target; the others are left
+    out), ``missing``; with no such row (or no spread: R^2) a value is None and ``reason`` says
+    why."""
+    p = np.asarray(predictions, dtype=np.float64)
+    t = np.asarray(targets, dtype=np.float64)
+    known = np.isfinite(t)
+    p, t = p[known], t[known]
+    n = len(t)
+    out: Dict[str, Any] = {"count": n, "missing": int((~known).sum())}
+    if n == 0:
+        out.update(rmse=None, mae=None, r2=None, reason="no known target in this split")
+        return out
+    err = p - t
+    sse = float((err * err).sum())
+    sst = float(((t - t.mean()) ** 2).sum())
+    out.update(rmse=float(np.sqrt(sse / n)), mae=float(np.abs(err).mean()),
+               r2=1.0 - sse / sst if sst > 0 else None)
+    if sst == 0:
+        out["reason"] = "every target is the same: R^2 is undefined"
     return out

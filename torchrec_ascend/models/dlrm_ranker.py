@@ -7,8 +7,9 @@ on the same features, one row per candidate impression.
 Sparse features (one id each, pooled by an ``EmbeddingBagCollection``): the user, the item, the
 user's and the item's side features, and the impression's context known when it was served (no
 outcome: a candidate has none).  Dense features: each context code scaled to ``[0, 1]``, the
-item statistics when the spec has them (as the HSTU ranker sees them), and a constant 1.  DLRM's over-arch ends in one logit per task; the loss is the ranker's (sum over
-tasks of ``weight x BCE``, summed over rows, scaled by ``batch.loss_scale``).  Everything a
+item statistics when the spec has them (as the HSTU ranker sees them), and a constant 1.  DLRM's
+over-arch ends in one logit per task (plus the regression output with a ``target_weight``); the
+loss is the ranker's (:mod:`.ranking_loss`).  Everything a
 user sees of the sequence model's benefit is this model's gap to it (docs/ranking.md).
 """
 
@@ -18,13 +19,13 @@ from dataclasses import dataclass
 from typing import List, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.models.dlrm import DLRM
 
 from .batch import FieldsBatch
 from .generative_ranker import RankerSpec, feature_key
+from .ranking_loss import ranking_loss
 
 __all__ = ["DLRMBatch", "DLRMRanker", "dlrm_features"]
 
@@ -40,13 +41,15 @@ def dlrm_features(spec: RankerSpec) -> List[str]:
 class DLRMBatch(FieldsBatch):
     """One rank's candidate rows: ``kjt`` (every feature of :func:`dlrm_features`, one id per
     row), ``dense [N, Dd]``, ``labels [N, tasks]``, ``users [N]`` (dense user index),
-    ``loss_scale`` (1 / the rows of the global batch)."""
+    ``loss_scale`` (1 / the rows of the global batch), ``targets [N, R]`` (regression targets;
+    R = 0 without)."""
 
     kjt: KeyedJaggedTensor
     dense: torch.Tensor
     labels: torch.Tensor
     users: torch.Tensor
     loss_scale: torch.Tensor
+    targets: torch.Tensor
 
     @property
     def num_candidates(self) -> int:
@@ -60,8 +63,9 @@ class DLRMRanker(nn.Module):
 
     def __init__(self, spec: RankerSpec, embedding_dim: int, task_weights: Sequence[float],
                  dense_dims: Sequence[int] = (64,), over_dims: Sequence[int] = (256, 128),
-                 device: torch.device = torch.device("meta")) -> None:
+                 device: torch.device = torch.device("meta"), target_weight: float = 0.0) -> None:
         super().__init__()
+        outputs = len(task_weights) + (1 if target_weight > 0 else 0)
         tables = spec.tables()
         self.features = dlrm_features(spec)
         self.dense_in = 1 + len(spec.served_context()) + spec.item_stats
@@ -72,14 +76,15 @@ class DLRMRanker(nn.Module):
             device=device)
         self.dlrm = DLRM(embedding_bag_collection=ebc, dense_in_features=self.dense_in,
                          dense_arch_layer_sizes=list(dense_dims) + [embedding_dim],
-                         over_arch_layer_sizes=list(over_dims) + [len(task_weights)])
+                         over_arch_layer_sizes=list(over_dims) + [outputs])
         n = len(self.features)
         self.loss = _TaskLoss(task_weights, dense=[self.dense_in] + list(dense_dims) + [embedding_dim],
                               over=[embedding_dim + (n + 1) * n // 2] + list(over_dims)
-                              + [len(task_weights)], vectors=n + 1, dim=embedding_dim)
+                              + [outputs], vectors=n + 1, dim=embedding_dim,
+                              target_weight=target_weight)
 
     def predict(self, batch: DLRMBatch) -> torch.Tensor:
-        """``[rows, tasks]`` logits."""
+        """``[rows, tasks (+ 1)]`` logits (and the regression)."""
         return self.dlrm(batch.dense, batch.kjt).float()
 
     def forward(self, batch: DLRMBatch) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
@@ -89,19 +94,21 @@ class DLRMRanker(nn.Module):
 
 
 class _TaskLoss(nn.Module):
-    """Per-task weighted BCE of logits, and the step's stats (a leaf of the pipeline's trace)."""
+    """The ranking loss (:mod:`.ranking_loss`) and the step's stats (a leaf of the pipeline's
+    trace)."""
 
     def __init__(self, task_weights: Sequence[float], dense: Sequence[int], over: Sequence[int],
-                 vectors: int, dim: int) -> None:
+                 vectors: int, dim: int, target_weight: float = 0.0) -> None:
         super().__init__()
+        self.target_weight = float(target_weight)
         self.register_buffer("task_weights", torch.tensor(list(task_weights), dtype=torch.float32),
                              persistent=False)
         self.dense, self.over, self.vectors, self.dim = list(dense), list(over), vectors, dim
 
     def forward(self, logits: torch.Tensor, batch: DLRMBatch
                 ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-        per = F.binary_cross_entropy_with_logits(logits.float(), batch.labels, reduction="none")
-        loss = (per * self.task_weights).sum() * batch.loss_scale
+        loss = ranking_loss(logits, batch.labels, batch.targets, self.task_weights,
+                            self.target_weight, batch.loss_scale)
         rows = batch.num_candidates
         stats = torch.tensor([float(rows), float(rows * self.vectors), self.step_flops(rows)],
                              dtype=torch.float64)

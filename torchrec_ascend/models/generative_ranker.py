@@ -30,8 +30,10 @@ next to others -- reaches another's score).  The task head reads, for each candi
 output (layer-normed) and DLRM's vectors -- one embedding per feature (the item, each item side
 feature, each context column, the user, each user side feature) and the projected item
 statistics -- with the pairwise dot products of all of them (DLRM's interaction): an MLP maps
-them to one logit per task.  So the head sees what the DLRM baseline sees, plus the sequence.  The loss is the
-sum over tasks of ``weight x BCE``, summed over candidates and scaled by ``batch.loss_scale``.
+them to one logit per task (and, with a ``target_weight``, one regression output: the watch
+time).  So the head sees what the DLRM baseline sees, plus the sequence.  The loss
+(:mod:`.ranking_loss`) is the sum over tasks of ``weight x BCE`` (plus ``target_weight x`` the
+squared error), summed over candidates and scaled by ``batch.loss_scale``.
 
 **Tables** live in one TorchRec ``EmbeddingCollection`` (``model.ec``: sharded by the planner,
 trained by the fused row-wise Adagrad): ``item`` and ``user`` ids, and one small table per side /
@@ -45,7 +47,6 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Literal, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
 
@@ -54,6 +55,7 @@ from ..options import choices
 from .batch import FieldsBatch
 from .config import ModelConfig
 from .generative_retrieval import NUM_ACTIONS, action_features
+from .ranking_loss import ranking_loss
 
 __all__ = ["ActionLayout", "ACTION_LAYOUTS", "RankerSpec", "RankingBatch", "GenerativeRanker",
            "TaskHead", "ranking_kjt_keys", "feature_key", "split_key", "ROLE_HISTORY",
@@ -143,7 +145,8 @@ class RankingBatch(FieldsBatch):
     ``action_pos [A]`` / ``action_item [A]`` (interleaved: the action tokens and the item token
     each belongs to; empty when summed), ``labels [Kc, tasks]`` (the candidates', in order),
     ``users [B]`` and ``candidate_users [Kc]`` (dense user index), ``loss_scale`` (1 / the
-    candidates of the global batch)."""
+    candidates of the global batch), ``targets [Kc, R]`` (the candidates' regression targets,
+    e.g. watch time; R = 0 without)."""
 
     kjt: KeyedJaggedTensor
     offsets: torch.Tensor
@@ -159,6 +162,7 @@ class RankingBatch(FieldsBatch):
     users: torch.Tensor
     candidate_users: torch.Tensor
     loss_scale: torch.Tensor
+    targets: torch.Tensor
 
     @property
     def num_tokens(self) -> int:
@@ -197,9 +201,12 @@ class RankerHead(nn.Module):
 
     def __init__(self, spec: RankerSpec, cfg: ModelConfig, task_weights: Sequence[float],
                  layout: ActionLayout, head_dims: Sequence[int],
-                 compute_dtype: torch.dtype = torch.float32) -> None:
+                 compute_dtype: torch.dtype = torch.float32, target_weight: float = 0.0
+                 ) -> None:
         super().__init__()
         d = cfg.embedding_dim
+        self.target_weight = float(target_weight)
+        regression = 1 if self.target_weight > 0 else 0
         self.spec, self.cfg, self.layout, self.dim = spec, cfg, layout, d
         self.compute_dtype = compute_dtype
         self.register_buffer("task_weights", torch.tensor(list(task_weights), dtype=torch.float32),
@@ -216,7 +223,8 @@ class RankerHead(nn.Module):
         self.out_norm = nn.LayerNorm(d)
         self.stats_proj = nn.Linear(spec.item_stats, d) if spec.item_stats else None
         v = spec.head_vectors()
-        self.tasks = TaskHead(v * d + v * (v - 1) // 2, head_dims, len(task_weights), cfg.dropout)
+        self.tasks = TaskHead(v * d + v * (v - 1) // 2, head_dims, len(task_weights) + regression,
+                              cfg.dropout)
 
     def _values(self, lookups: Dict[str, object], key: str) -> torch.Tensor:
         return lookups[key].values()[:, :self.dim]  # type: ignore[attr-defined]
@@ -264,7 +272,7 @@ class RankerHead(nn.Module):
         return x, stats
 
     def predict(self, lookups: Dict[str, object], batch: RankingBatch) -> torch.Tensor:
-        """``[candidates, tasks]`` logits (fp32)."""
+        """``[candidates, tasks (+ 1: the regression)]`` logits (and prediction), fp32."""
         x, stats = self.tokens(lookups, batch)
         mixed = self.compute_dtype != torch.float32
         amp = (torch.autocast(x.device.type, dtype=self.compute_dtype) if mixed
@@ -289,9 +297,8 @@ class RankerHead(nn.Module):
                 ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
         """``(loss, (loss.detach(), stats))``; ``stats`` = float64 cpu ``[candidates, tokens,
         step FLOPs]``."""
-        logits = self.predict(lookups, batch)
-        per = F.binary_cross_entropy_with_logits(logits, batch.labels, reduction="none")
-        loss = (per * self.task_weights).sum() * batch.loss_scale
+        loss = ranking_loss(self.predict(lookups, batch), batch.labels, batch.targets,
+                            self.task_weights, self.target_weight, batch.loss_scale)
         stats = torch.tensor([float(batch.num_candidates), float(batch.num_tokens),
                               self.step_flops(batch)], dtype=torch.float64)
         return loss, (loss.detach(), stats)
@@ -313,12 +320,14 @@ class GenerativeRanker(nn.Module):
         contextual + history + candidate tokens).  task_weights: one per task.  layout: the
         action tokens.  head_dims: the task MLP's hidden widths.  device: where the tables are
         created (``meta``: DMP materialises the shards).  compute_dtype: fp32, or bf16 (the
-        encoder under autocast; tables, heads and loss in fp32)."""
+        encoder under autocast; tables, heads and loss in fp32).  target_weight: > 0 adds one
+        regression output (the batch's ``targets``, e.g. watch time) with that loss weight
+        (:mod:`.ranking_loss`)."""
 
     def __init__(self, spec: RankerSpec, cfg: ModelConfig, task_weights: Sequence[float],
                  layout: ActionLayout = "summed", head_dims: Sequence[int] = (256,),
                  device: torch.device = torch.device("meta"),
-                 compute_dtype: torch.dtype = torch.float32) -> None:
+                 compute_dtype: torch.dtype = torch.float32, target_weight: float = 0.0) -> None:
         super().__init__()
         self.spec, self.cfg = spec, cfg
         self.ec = EmbeddingCollection(
@@ -326,7 +335,8 @@ class GenerativeRanker(nn.Module):
                                     num_embeddings=max(int(rows), 1), feature_names=feats)
                     for name, (rows, feats) in spec.tables().items()],
             device=device)
-        self.head = RankerHead(spec, cfg, task_weights, layout, head_dims, compute_dtype)
+        self.head = RankerHead(spec, cfg, task_weights, layout, head_dims, compute_dtype,
+                               target_weight)
 
     def forward(self, batch: RankingBatch):
         """Training loss of one batch: ``(loss, (loss.detach(), stats))``."""
@@ -334,5 +344,5 @@ class GenerativeRanker(nn.Module):
 
     @torch.no_grad()
     def predict(self, batch: RankingBatch) -> torch.Tensor:
-        """``[candidates, tasks]`` logits."""
+        """``[candidates, tasks (+ 1)]`` logits (and the regression)."""
         return self.head.predict(self.ec(batch.kjt), batch)

@@ -32,6 +32,7 @@ from .console import Console, quiet_notices
 from .precision import resolve_precision
 from .process_group import DistEnv, init_distributed
 from .ranking import RankingTask, prepare_ranking
+from .ranking.evaluator import REGRESSION_METRIC
 from .recorder import plot
 from .refit import refit
 from .retrieval import RetrievalTask, hold_out
@@ -158,7 +159,7 @@ def format_summary(s: Dict[str, Any]) -> str:
 def _ranking_summary(s: Dict[str, Any]) -> str:
     rows = [(k, r["valid"], r["test"]) for k, r in s["models"].items()]
     rows += [(k, r["valid"], r["test"]) for k, r in s["baselines"].items()]
-    tasks = [k for k, v in rows[0][2].items() if isinstance(v, dict)]
+    tasks = [k for k, v in rows[0][2].items() if isinstance(v, dict) and "auc" in v]
     lines = [f"\n== {s['config']}: ranking, time split (AUC / GAUC / NE per task) ==",
              f"{'model':<10}{'split':<7}" + "".join(f"{t:>26}" for t in tasks)]
 
@@ -169,6 +170,13 @@ def _ranking_summary(s: Dict[str, Any]) -> str:
     for name, valid, test in rows:
         for split, met in (("valid", valid), ("test", test)):
             lines.append(f"{name:<10}{split:<7}" + "".join(f"{cell(met[t]):>26}" for t in tasks))
+    for name, valid, test in rows:  # the watch-time regression (ranking.watch_time_weight)
+        for split, met in (("valid", valid), ("test", test)):
+            w = met.get(REGRESSION_METRIC)
+            if w and w.get("rmse") is not None:
+                r2 = f"{w['r2']:.4f}" if w.get("r2") is not None else "-"
+                lines.append(f"{name:<10}{split:<7}watch time (log1p s): RMSE {w['rmse']:.4f} "
+                             f"MAE {w['mae']:.4f} R^2 {r2}")
     return "\n".join(lines + _run_lines(s))
 
 

@@ -400,7 +400,8 @@ class Trainer:
             stop["bad"] += 1
             if t.early_stopping_patience and stop["bad"] >= t.early_stopping_patience:
                 stop["stopped"] = True
-        shown = {k: v for k, v in _scalars(met).items() if "/" not in k or k.endswith("/auc")}
+        shown = {k: v for k, v in _scalars(met).items()
+                 if "/" not in k or k.endswith("/auc") or k.endswith("/rmse")}
         self.console.say(f"[{self.name}] step {step} valid " +
                          " ".join(f"{k} {v:.4f}" for k, v in shown.items()) +
                          (" (early stop)" if stop["stopped"] else ""))

@@ -22,6 +22,7 @@ from torchrec_ascend.training.console import Console  # noqa: E402
 from torchrec_ascend.training.process_group import init_distributed  # noqa: E402
 from torchrec_ascend.training.ranking import RankingTask, prepare_ranking  # noqa: E402
 from torchrec_ascend.training.refit import refit, refit_config  # noqa: E402
+from torchrec_ascend.options import OptionError  # noqa: E402
 
 STEPS = 4
 TOL = 1e-5
@@ -32,6 +33,7 @@ def tiny_config(cache: str, **train):
          "sparse_lr": 0.05}
     t.update(train)
     layout = t.pop("layout", "summed")
+    watch = t.pop("watch_time_weight", 0.0)
     return config_from_dict({
         "task": "ranking", "models": ["hstu"],
         "data": {"source": "synthetic", "cache_dir": cache,
@@ -40,6 +42,7 @@ def tiny_config(cache: str, **train):
         "model": {"embedding_dim": 8, "num_layers": 1, "num_heads": 2, "attention_dim": 4,
                   "linear_dim": 4, "max_seq_len": 24, "dropout": t.pop("dropout", 0.0)},
         "ranking": {"max_candidates": 3, "head_dims": [8], "layout": layout,
+                    "watch_time_weight": watch,
                     "dlrm_dense_dims": [8], "dlrm_over_dims": [8]},
         "train": t, "eval": {"batch_size": 16}})
 
@@ -197,3 +200,20 @@ def test_a_refit_without_the_option_is_refused(tmp_path):
     assert task.refit_task() is None
     with pytest.raises(ValueError, match="no refit"):
         refit(cfg, task, None, str(tmp_path), "hstu", 1e9, None, {}, Console(False))
+
+
+@pytest.mark.parametrize("kind", ["hstu", "dlrm"])
+def test_watch_time_regression_trains_and_is_reported(tmp_path, kind):
+    r = run_one(str(tmp_path / "run"), str(tmp_path / "cache"), kind=kind,
+                watch_time_weight=0.5)
+    assert all(np.isfinite(r["losses"]))
+    for split in ("valid", "test"):
+        w = r[split]["watch_time"]
+        assert w["count"] == r[split]["is_click"]["count"] > 0 and w["missing"] == 0
+        assert w["rmse"] > 0 and w["mae"] > 0 and w["r2"] is not None
+    cfg = tiny_config(str(tmp_path / "cache"), watch_time_weight=0.5)
+    data = prepare_ranking(cfg)
+    data.watch_time = None  # a log without play_time_ms
+    with pytest.raises(OptionError, match=r"ranking.watch_time_weight: needs the data's "
+                                          r"watch-time column \(play_time_ms"):
+        RankingTask(cfg, data)

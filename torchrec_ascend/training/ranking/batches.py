@@ -36,12 +36,16 @@ ModelKindOfBatch = Union[RankingBatch, DLRMBatch]
 
 
 class ExampleBuilder:
-    """Batches of given examples for the ``hstu`` ranker (``layout``) or the ``dlrm`` baseline."""
+    """Batches of given examples for the ``hstu`` ranker (``layout``) or the ``dlrm`` baseline;
+    ``targets``: a regression target per event (the watch time) that the candidates' batches
+    carry, or None."""
 
     def __init__(self, data: RankingData, spec: RankerSpec, kind: str,
                  layout: ActionLayout = "summed", item_stats: Optional[np.ndarray] = None,
-                 user_stats: Optional[np.ndarray] = None) -> None:
+                 user_stats: Optional[np.ndarray] = None,
+                 targets: Optional[np.ndarray] = None) -> None:
         self.data, self.spec, self.kind, self.layout = data, spec, kind, layout
+        self.targets = targets
         self.context = {c.name: c for c in data.context}
         none = np.zeros((data.num_events, 0), dtype=np.float32)
         self.item_stats = none if item_stats is None else item_stats
@@ -56,6 +60,17 @@ class ExampleBuilder:
         event ``as_of`` (a candidate's: its window's first candidate, so that no candidate's
         label reaches another of its window)."""
         return np.concatenate([self.item_stats[events], self.user_stats[as_of]], axis=1)
+
+    @property
+    def regression_columns(self) -> int:
+        """Columns of the batches' ``targets`` (1 with a target, else 0)."""
+        return 0 if self.targets is None else 1
+
+    def _targets(self, events: np.ndarray) -> torch.Tensor:
+        """``[len(events), R]`` the events' regression targets (R = 0 without)."""
+        if self.targets is None:
+            return torch.zeros((len(events), 0), dtype=torch.float32)
+        return torch.from_numpy(self.targets[events].astype(np.float32)[:, None])
 
     def token_lengths(self, ex: Examples) -> np.ndarray:
         """Tokens of each example (contextual + history (x2 interleaved) + candidates)."""
@@ -109,7 +124,8 @@ class ExampleBuilder:
             action_item=torch.from_numpy(action_item.astype(np.int64)),
             labels=torch.from_numpy(d.labels(cand_events)),
             users=torch.from_numpy(ex.user), candidate_users=torch.from_numpy(np.repeat(ex.user, cand)),
-            loss_scale=torch.tensor(loss_scale, dtype=torch.float32))
+            loss_scale=torch.tensor(loss_scale, dtype=torch.float32),
+            targets=self._targets(cand_events))
 
     def _kjt(self, users: np.ndarray, events: np.ndarray, is_cand: np.ndarray,
              n_items: np.ndarray) -> KeyedJaggedTensor:
@@ -168,7 +184,8 @@ class ExampleBuilder:
         return DLRMBatch(kjt=kjt, dense=torch.from_numpy(dense_in),
                          labels=torch.from_numpy(d.labels(events)),
                          users=torch.from_numpy(users),
-                         loss_scale=torch.tensor(loss_scale, dtype=torch.float32))
+                         loss_scale=torch.tensor(loss_scale, dtype=torch.float32),
+                         targets=self._targets(events))
 
 
 class RankingBatches:

@@ -46,7 +46,10 @@ class RankingConfig:
     days (the restored best, else the last), train it again from scratch on the training and
     validation days together for the same share of its run, and report the test of that
     model (``results.json``: ``refit``; the validation metrics stay the first model's; the CTR
-    baseline's test rates are counted over the same days; :mod:`..refit`).
+    baseline's test rates are counted over the same days; :mod:`..refit`).  watch_time_weight:
+    > 0 adds the watch-time regression to both models -- one more output predicting
+    ``log1p(seconds)`` of the candidate's ``play_time_ms``, squared error with this weight in the
+    loss; RMSE / MAE / R^2 under ``watch_time`` in the metrics (0: off, the default).
     """
 
     tasks: List[str] = field(default_factory=list)
@@ -65,6 +68,7 @@ class RankingConfig:
     item_stats_smoothing: float = option(10.0, gt=0, finite=True)
     user_stats: bool = False
     refit: bool = False
+    watch_time_weight: float = option(0.0, min=0, finite=True)
 
     def check(self, max_seq_len: int, key: Key = prefixed("ranking"),
               model_key: Key = prefixed("model")) -> None:

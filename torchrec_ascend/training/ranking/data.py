@@ -30,6 +30,10 @@ served -- KuaiRand's ``tab``, ``is_rand``, ``duration_ms``, and the hour of day 
 feed history and candidates alike; *outcomes* (KuaiRand's ``play_time_ms``) feed history tokens
 only.  All are small categorical codes (:func:`~torchrec_ascend.datasets.features.
 encode_values`).
+
+**Watch time** (``ranking.watch_time_weight``): ``log1p(seconds)`` of each impression's
+:data:`WATCH_TIME_COLUMN`, the optional regression target (NaN where the value is negative:
+left out of the loss and the metrics, counted).
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ from ...datasets.schema import ACTION_BITS, ACTION_COLUMNS
 from .item_stats import item_statistics
 
 __all__ = ["TRAIN", "VALID", "TEST", "SPLITS", "TaskSpec", "ContextColumn", "TimeSplit",
-           "Examples", "RankingData", "kuairand_tasks", "KUAIRAND_CONTEXT", "KUAIRAND_OUTCOMES"]
+           "Examples", "RankingData", "kuairand_tasks", "KUAIRAND_CONTEXT", "KUAIRAND_OUTCOMES",
+           "WATCH_TIME_COLUMN"]
 
 TRAIN, VALID, TEST = 0, 1, 2
 SPLITS = {"train": (TRAIN,), "valid": (VALID,), "test": (TEST,), "train+valid": (TRAIN, VALID)}
@@ -55,6 +60,8 @@ KUAIRAND_CONTEXT = ("tab", "is_rand", "duration_ms")
 """KuaiRand log columns known when an impression is served (candidate features)."""
 KUAIRAND_OUTCOMES = ("play_time_ms",)
 """KuaiRand log columns that are an impression's outcome (history features only)."""
+WATCH_TIME_COLUMN = "play_time_ms"
+"""The log column (milliseconds) whose ``log1p(seconds)`` is the watch-time target."""
 
 _DAY_MS = 86_400_000
 _HOUR_MS = 3_600_000
@@ -168,7 +175,8 @@ class RankingData:
     ``user_ids`` [U] (raw ids), ``period`` int8 [E], ``split_days`` (ISO dates per split),
     ``context`` (:class:`ContextColumn` s, the hour of day first), ``tasks``, ``user_side`` /
     ``item_side`` (:class:`~torchrec_ascend.datasets.features.SideFeatures`, rows = dense user /
-    item ids, or None)."""
+    item ids, or None), ``watch_time`` float32 [E] (module docstring; None when the log has no
+    :data:`WATCH_TIME_COLUMN`)."""
 
     def __init__(self, log: EventLog, tasks: Sequence[TaskSpec], split: TimeSplit,
                  context: Sequence[str] = (), outcomes: Sequence[str] = (),
@@ -193,6 +201,11 @@ class RankingData:
             self.context.append(ContextColumn(name, codes, card, outcome=name in outcomes))
         self.tasks = list(tasks)
         self.user_side, self.item_side = user_side, item_side
+        self.watch_time: Optional[np.ndarray] = None
+        if WATCH_TIME_COLUMN in log.context:
+            ms = np.asarray(log.context[WATCH_TIME_COLUMN]).astype(np.float64)
+            self.watch_time = np.where(ms >= 0, np.log1p(np.maximum(ms, 0.0) / 1000.0),
+                                       np.nan).astype(np.float32)
 
     @property
     def num_users(self) -> int:

@@ -9,7 +9,10 @@ every rank, which compute the same metrics.
 Returns ``{"<task>": {"auc", "gauc", "gauc_users", "ne", "logloss", "positive_rate", "count"
 (, "reason")}, ..., "mean_auc", "mean_gauc"}``: the means over the tasks with at least
 :data:`MEAN_MIN_POSITIVES` positives in the split (a rarer task's AUC moves by several points
-from one positive to the next; it is reported, not averaged).
+from one positive to the next; it is reported, not averaged); with a regression target (the
+watch time, ``ranking.watch_time_weight``) also ``"watch_time": {"rmse", "mae", "r2", "count",
+"missing"}`` (:func:`~torchrec_ascend.metrics.ranking.regression_metrics`, in the target's
+unit: ``log1p`` seconds).
 """
 
 from __future__ import annotations
@@ -21,13 +24,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ...metrics.ranking import ranking_metrics
+from ...metrics.ranking import ranking_metrics, regression_metrics
+from ...models.ranking_loss import split_outputs
 from .batches import ExampleBuilder
 from .data import Examples
 
-__all__ = ["RankingEvaluator", "metrics_of", "split_share", "MEAN_MIN_POSITIVES"]
+__all__ = ["RankingEvaluator", "metrics_of", "split_share", "MEAN_MIN_POSITIVES",
+           "REGRESSION_METRIC"]
 
 MEAN_MIN_POSITIVES = 100
+REGRESSION_METRIC = "watch_time"
+"""The results' key of the regression target's metrics."""
 
 
 def split_share(indices: np.ndarray, rank: int, world: int, batch_size: int
@@ -44,14 +51,18 @@ def split_share(indices: np.ndarray, rank: int, world: int, batch_size: int
 
 
 def metrics_of(scores: np.ndarray, labels: np.ndarray, users: np.ndarray,
-               tasks: Sequence[str]) -> Dict[str, Any]:
-    """The evaluator's result (module docstring) from probabilities ``scores [N, tasks]``."""
+               tasks: Sequence[str], predictions: Optional[np.ndarray] = None,
+               targets: Optional[np.ndarray] = None) -> Dict[str, Any]:
+    """The evaluator's result (module docstring) from probabilities ``scores [N, tasks]`` (and
+    the regression's ``predictions`` / ``targets [N, 1]``, when there is one)."""
     out: Dict[str, Any] = {name: ranking_metrics(scores[:, i], labels[:, i], users)
                            for i, name in enumerate(tasks)}
     frequent = [n for i, n in enumerate(tasks) if labels[:, i].sum() >= MEAN_MIN_POSITIVES]
     for key in ("auc", "gauc"):
         vals = [out[n][key] for n in (frequent or tasks) if out[n][key] is not None]
         out[f"mean_{key}"] = float(np.mean(vals)) if vals else None
+    if targets is not None and targets.shape[1]:
+        out[REGRESSION_METRIC] = regression_metrics(predictions[:, 0], targets[:, 0])
     return out
 
 
@@ -95,20 +106,24 @@ class RankingEvaluator:
                     users = getattr(batch, "candidate_users", None)
                     users = users if users is not None else batch.users
                     keep = int(ex.num_candidates[rows].sum())  # the real rows come first
-                    parts.append((torch.sigmoid(logits[:keep]).double().cpu().numpy(),
-                                  batch.labels[:keep].numpy(), users[:keep].numpy()))
+                    logit, pred = split_outputs(logits[:keep].double(), len(self.tasks))
+                    parts.append((torch.sigmoid(logit).cpu().numpy(),
+                                  batch.labels[:keep].numpy(), users[:keep].numpy(),
+                                  pred.cpu().numpy(), batch.targets[:keep].double().numpy()))
         finally:
             model.train(was)
-        scores, labels, users = _gather(parts, len(self.tasks))
-        return metrics_of(scores, labels, users, self.tasks)
+        scores, labels, users, preds, targets = _gather(parts, len(self.tasks),
+                                                         self.builder.regression_columns)
+        return metrics_of(scores, labels, users, self.tasks, preds, targets)
 
 
-def _gather(parts: List[tuple], tasks: int):
-    local = (np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, tasks)),
-             np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, tasks)),
-             np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, dtype=np.int64))
+def _gather(parts: List[tuple], tasks: int, regression: int):
+    widths = (tasks, tasks, None, regression, regression)
+    local = tuple(np.concatenate([p[i] for p in parts]) if parts else
+                  (np.zeros((0, w)) if w is not None else np.zeros(0, dtype=np.int64))
+                  for i, w in enumerate(widths))
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return local
     everyone: List[Optional[tuple]] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, local)
-    return tuple(np.concatenate([e[i] for e in everyone]) for i in range(3))  # type: ignore[index]
+    return tuple(np.concatenate([e[i] for e in everyone]) for i in range(5))  # type: ignore[index]

@@ -32,8 +32,8 @@ from ..sources import DataConfig, rank_zero_first, synthetic_files, table_spec
 from ..task import Task
 from .baselines import ctr_baseline
 from .batches import ExampleBuilder, RankingBatches
-from .data import (KUAIRAND_CONTEXT, KUAIRAND_OUTCOMES, RankingData, TaskSpec, TimeSplit,
-                   kuairand_tasks)
+from .data import (KUAIRAND_CONTEXT, KUAIRAND_OUTCOMES, WATCH_TIME_COLUMN, RankingData,
+                   TaskSpec, TimeSplit, kuairand_tasks)
 from .evaluator import RankingEvaluator
 
 __all__ = ["RankingTask", "prepare_ranking"]
@@ -149,6 +149,14 @@ class RankingTask(Task):
             self.user_stats = data.user_statistics(r.item_stats_smoothing)
         self.spec.item_stats = sum(s.shape[1] for s in (self.item_stats, self.user_stats)
                                    if s is not None)
+        self.targets: Optional[np.ndarray] = None  # the watch-time regression target
+        if r.watch_time_weight > 0:
+            if data.watch_time is None:
+                raise OptionError("ranking.watch_time_weight", f"needs the data's watch-time "
+                                                               f"column ({WATCH_TIME_COLUMN}, "
+                                                               f"milliseconds); {data.source} "
+                                                               "has none")
+            self.targets = data.watch_time
         self.task_names = [t.name for t in data.tasks]
         self.weights = [float(r.task_weights.get(n, 1.0)) for n in self.task_names]
         c = self.spec.contextual_tokens
@@ -168,7 +176,7 @@ class RankingTask(Task):
         if kind not in self._builders:
             self._builders[kind] = ExampleBuilder(self.data, self.spec, kind,
                                                   self.cfg.ranking.layout, self.item_stats,
-                                                  self.user_stats)
+                                                  self.user_stats, self.targets)
         return self._builders[kind]
 
     def examples_of(self, kind: str) -> Dict[str, Any]:
@@ -198,9 +206,9 @@ class RankingTask(Task):
         r, m = self.cfg.ranking, self.cfg.model
         if kind == "dlrm":
             return DLRMRanker(self.spec, m.table_dim, self.weights, r.dlrm_dense_dims,
-                              r.dlrm_over_dims)
+                              r.dlrm_over_dims, target_weight=r.watch_time_weight)
         return GenerativeRanker(self.spec, m, self.weights, r.layout, r.head_dims,
-                                compute_dtype=compute_dtype)
+                                compute_dtype=compute_dtype, target_weight=r.watch_time_weight)
 
     def sparse_lr(self, kind: str, configured: float) -> float:
         """DLRM's tables train at ``ranking.dlrm_sparse_lr`` (its own best on validation)."""
@@ -254,6 +262,8 @@ class RankingTask(Task):
                 "tasks": {t: {w: d.task_counts(w)[t][0] for w in ("train", "valid", "test")}
                           for t in self.task_names},
                 "max_history": self.max_history,
+                "watch_time_missing": (int(np.isnan(self.targets).sum())
+                                       if self.targets is not None else None),
                 "side_features": {"user": list(self.spec.user_features),
                                   "item": list(self.spec.item_features),
                                   "context": list(self.spec.context)}}
