@@ -170,3 +170,30 @@ def test_watch_time_target_and_loss_against_a_float64_formula(data):
         se = ((out[known, 2] - t[known]) ** 2).sum()
         expect = ((bce * [1.0, 2.0]).sum() + 0.5 * se) * 0.01
         assert float(loss.detach()) == pytest.approx(expect, rel=1e-5), kind
+
+
+@pytest.mark.parametrize("head_stats", [False, True])
+def test_head_stats_feed_the_raw_statistics_to_the_task_mlp(data, head_stats):
+    """With the statistics' projection zeroed, the scores depend on the statistics only through
+    the wide input (ranking.head_stats)."""
+    spec = spec_of(data)
+    spec.item_stats = 3
+    torch.manual_seed(0)
+    m = GenerativeRanker(spec, CFG, [1.0, 2.0], "summed", [8], device=torch.device("cpu"),
+                         head_stats=head_stats)
+    for p in m.ec.parameters():
+        torch.nn.init.normal_(p, 0.0, 0.3)
+    with torch.no_grad():
+        m.head.stats_proj.weight.zero_()
+        m.head.stats_proj.bias.zero_()
+    base = CFG.embedding_dim * spec.head_vectors()
+    v = spec.head_vectors()
+    assert m.head.tasks.dims[0] == base + v * (v - 1) // 2 + (3 if head_stats else 0)
+    rng = np.random.default_rng(1)
+    stats = rng.normal(size=(data.num_events, 3)).astype(np.float32)
+    ex = data.examples("train", 3, 10)
+    a = ExampleBuilder(data, spec, "hstu", item_stats=stats).build(ex, 1.0)
+    b = ExampleBuilder(data, spec, "hstu", item_stats=stats * 2).build(ex, 1.0)
+    m.eval()
+    differ = not torch.allclose(m.predict(a), m.predict(b), atol=1e-6)
+    assert differ == head_stats

@@ -29,9 +29,10 @@ candidate sees the history and itself only: no candidate's label -- nor its bein
 next to others -- reaches another's score).  The task head reads, for each candidate, its HSTU
 output (layer-normed) and DLRM's vectors -- one embedding per feature (the item, each item side
 feature, each context column, the user, each user side feature) and the projected item
-statistics -- with the pairwise dot products of all of them (DLRM's interaction): an MLP maps
-them to one logit per task (and, with a ``target_weight``, one regression output: the watch
-time).  So the head sees what the DLRM baseline sees, plus the sequence.  The loss
+statistics -- with the pairwise dot products of all of them (DLRM's interaction), and (with
+``head_stats``) the raw statistics themselves, a wide input: an MLP maps them to one logit per task (and, with a
+``target_weight``, one regression output: the watch time).  So the head sees what the DLRM
+baseline sees, plus the sequence.  The loss
 (:mod:`.ranking_loss`) is the sum over tasks of ``weight x BCE`` (plus ``target_weight x`` the
 squared error), summed over candidates and scaled by ``batch.loss_scale``.
 
@@ -201,8 +202,8 @@ class RankerHead(nn.Module):
 
     def __init__(self, spec: RankerSpec, cfg: ModelConfig, task_weights: Sequence[float],
                  layout: ActionLayout, head_dims: Sequence[int],
-                 compute_dtype: torch.dtype = torch.float32, target_weight: float = 0.0
-                 ) -> None:
+                 compute_dtype: torch.dtype = torch.float32, target_weight: float = 0.0,
+                 head_stats: bool = False) -> None:
         super().__init__()
         d = cfg.embedding_dim
         self.target_weight = float(target_weight)
@@ -223,8 +224,10 @@ class RankerHead(nn.Module):
         self.out_norm = nn.LayerNorm(d)
         self.stats_proj = nn.Linear(spec.item_stats, d) if spec.item_stats else None
         v = spec.head_vectors()
-        self.tasks = TaskHead(v * d + v * (v - 1) // 2, head_dims, len(task_weights) + regression,
-                              cfg.dropout)
+        # head_stats: the MLP also reads the raw statistics (a wide input: the rates' evidence)
+        self.wide = spec.item_stats if head_stats else 0
+        self.tasks = TaskHead(v * d + v * (v - 1) // 2 + self.wide, head_dims,
+                              len(task_weights) + regression, cfg.dropout)
 
     def _values(self, lookups: Dict[str, object], key: str) -> torch.Tensor:
         return lookups[key].values()[:, :self.dim]  # type: ignore[attr-defined]
@@ -291,7 +294,8 @@ class RankerHead(nn.Module):
         stacked = torch.stack(vecs, dim=1)  # [Kc, V, D]
         dots = torch.bmm(stacked, stacked.transpose(1, 2))
         i, j = torch.triu_indices(len(vecs), len(vecs), offset=1, device=x.device)
-        return self.tasks(torch.cat(vecs + [dots[:, i, j]], dim=1)).float()
+        wide = [batch.item_stats[cand].to(stacked.dtype)] if self.wide else []
+        return self.tasks(torch.cat(vecs + [dots[:, i, j]] + wide, dim=1)).float()
 
     def forward(self, lookups: Dict[str, object], batch: RankingBatch
                 ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
@@ -322,12 +326,13 @@ class GenerativeRanker(nn.Module):
         created (``meta``: DMP materialises the shards).  compute_dtype: fp32, or bf16 (the
         encoder under autocast; tables, heads and loss in fp32).  target_weight: > 0 adds one
         regression output (the batch's ``targets``, e.g. watch time) with that loss weight
-        (:mod:`.ranking_loss`)."""
+        (:mod:`.ranking_loss`).  head_stats: the task MLP also reads the raw statistics."""
 
     def __init__(self, spec: RankerSpec, cfg: ModelConfig, task_weights: Sequence[float],
                  layout: ActionLayout = "summed", head_dims: Sequence[int] = (256,),
                  device: torch.device = torch.device("meta"),
-                 compute_dtype: torch.dtype = torch.float32, target_weight: float = 0.0) -> None:
+                 compute_dtype: torch.dtype = torch.float32, target_weight: float = 0.0,
+                 head_stats: bool = False) -> None:
         super().__init__()
         self.spec, self.cfg = spec, cfg
         self.ec = EmbeddingCollection(
@@ -336,7 +341,7 @@ class GenerativeRanker(nn.Module):
                     for name, (rows, feats) in spec.tables().items()],
             device=device)
         self.head = RankerHead(spec, cfg, task_weights, layout, head_dims, compute_dtype,
-                               target_weight)
+                               target_weight, head_stats)
 
     def forward(self, batch: RankingBatch):
         """Training loss of one batch: ``(loss, (loss.detach(), stats))``."""

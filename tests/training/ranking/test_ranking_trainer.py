@@ -147,18 +147,18 @@ def test_each_model_trains_its_tables_at_its_sparse_lr(tmp_path):
         assert lrs and lrs == pytest.approx([lr] * len(lrs)), kind
 
 
-def _fit_and_refit(out: str, cache: str, resume: bool = False, **train):
+def _fit_and_refit(out: str, cache: str, **train):
     env = init_distributed("cpu")
     cfg = tiny_config(cache, steps=6, eval_every=2, **train)
     cfg.eval.restore_best = True
     cfg.ranking.refit = True
     task = RankingTask(cfg, prepare_ranking(cfg))
     first = Trainer(cfg, task, env, out, "hstu", peak_flops=1e9, progress=False,
-                    console=Console(False), resume=resume)
+                    console=Console(False))
     res = first.fit()
     res.pop("history")
     return task, first, res, refit(cfg, task, env, out, "hstu", 1e9, first, dict(res),
-                                   Console(False), progress=False, resume=resume)
+                                   Console(False), progress=False)
 
 
 def test_refit_trains_on_train_and_valid_for_the_chosen_share(tmp_path):
@@ -183,6 +183,24 @@ def test_refit_trains_on_train_and_valid_for_the_chosen_share(tmp_path):
     assert merged["valid"] == res["valid"] and r["test_without_refit"] == res["test"]
     assert merged["test"]["is_click"]["logloss"] != res["test"]["is_click"]["logloss"]
     assert merged["test"]["is_click"]["count"] == res["test"]["is_click"]["count"]
+
+
+def _refit_worker(rank: int, world: int, out: str, cache: str, batch: int) -> dict:
+    return _fit_and_refit(out, cache, batch_size=batch)[3]
+
+
+@pytest.mark.slow
+def test_refit_two_ranks_equal_one_process(tmp_path):
+    """The refit under 2 gloo ranks x batch 4 equals 1 process x batch 8: the same chosen step,
+    refit steps and test metrics (within 1e-4)."""
+    (one,) = run_multiprocess(_refit_worker, 1, (str(tmp_path / "one"), str(tmp_path / "c1"), 8))
+    two = run_multiprocess(_refit_worker, 2, (str(tmp_path / "two"), str(tmp_path / "c2"), 4))[0]
+    assert {k: v for k, v in two["refit"].items() if k != "test_without_refit"} == \
+        {k: v for k, v in one["refit"].items() if k != "test_without_refit"}
+    for task, m in one["test"].items():
+        if isinstance(m, dict) and m.get("auc") is not None:
+            assert two["test"][task]["auc"] == pytest.approx(m["auc"], abs=1e-4), task
+            assert two["test"][task]["logloss"] == pytest.approx(m["logloss"], abs=1e-4), task
 
 
 def test_refit_config_drops_validation_and_keeps_the_epochs(tmp_path):

@@ -208,7 +208,8 @@ class RankingTask(Task):
             return DLRMRanker(self.spec, m.table_dim, self.weights, r.dlrm_dense_dims,
                               r.dlrm_over_dims, target_weight=r.watch_time_weight)
         return GenerativeRanker(self.spec, m, self.weights, r.layout, r.head_dims,
-                                compute_dtype=compute_dtype, target_weight=r.watch_time_weight)
+                                compute_dtype=compute_dtype, target_weight=r.watch_time_weight,
+                                head_stats=r.head_stats)
 
     def sparse_lr(self, kind: str, configured: float) -> float:
         """DLRM's tables train at ``ranking.dlrm_sparse_lr`` (its own best on validation)."""
