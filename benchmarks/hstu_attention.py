@@ -61,6 +61,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 GEMM_N = 2048
 OPS = ["hstu_mha", "hstu_mha_backward"]
 GOALS = {"fwd_efficiency": 0.60, "bwd_efficiency": 0.50}
+MEM_FLOOR = 2 ** 20  # a peak RSS rise under 1 MiB is no measurement of the op's memory
 _ops = torch.ops.torchrec_ascend
 
 
@@ -215,7 +216,11 @@ def bench(max_len: int, dtype_name: str, threads: int, rounds: int, with_padded:
             p / (f + b) for p, f, b in zip(r["padded_fwdbwd"], r["fwd"], r["bwd"]))
         fused_mem, padded_mem = peak_mem("fused", max_len, dtype_name), peak_mem("padded", max_len, dtype_name)
         row.update(fused_peak_mb=fused_mem / 2 ** 20, padded_peak_mb=padded_mem / 2 ** 20,
-                   peak_mem_ratio=padded_mem / max(fused_mem, 1))
+                   peak_mem_ratio=padded_mem / fused_mem if fused_mem >= MEM_FLOOR else None)
+        if fused_mem < MEM_FLOOR:
+            row["peak_mem_note"] = (f"the fused op's peak RSS rise was {fused_mem} bytes, under "
+                                    f"{MEM_FLOOR} (it reused memory its warm-up run had freed): "
+                                    "no ratio")
     row["load_avg_1min"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
     return row
 

@@ -11,7 +11,10 @@
 // Forward: tasks (sequence, range of query rows); a task packs K^T and V of the keys its rows see,
 // every head, into the engine's B layout (per-thread buffers), then per block of kFwdBlock rows
 // computes the block's bias once for all heads, and per head and kFwdRows rows, per key segment
-// of kFwdKeys: S = Q K^T, P = silu(alpha S + bias) masked, O += P V; O / N written once.
+// of kFwdKeys: S = Q K^T, P = silu(alpha S + bias) masked, O += P V; O / N written once.  The
+// segments are software-pipelined: segment s's SiLU rows are interleaved with the GEMM pieces
+// of S for segment s + 1 and of O += P V for segment s - 1 (the matrix unit and the vector
+// units work at once; the sums are the same, in the same order).
 // Backward: tasks (sequence, head); key blocks of kBwdKeys outside, query blocks of kBwdRows
 // inside, in the key orientation: S^T = K Q^T, dP^T = V dO^T, then P^T, dS^T; dV += P^T dO and
 // dK += dS^T Q stay in the block's accumulators, dQ^T += K^T dS^T accumulates over the key blocks.
@@ -263,8 +266,8 @@ void forward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t*
     Scratch<acc_t> sbuf, obuf, biasbuf;
     Scratch<int64_t> rowbuf;
     in_t* Qb = qbuf.get(mP * dqkK);
-    in_t* Pb = pbuf.get(mP * kFwdKeys);
-    acc_t* Sb = sbuf.get(mP * kFwdKeys);
+    in_t* Pbuf = pbuf.get(2 * mP * kFwdKeys);   // two P and two S blocks: the pipeline below
+    acc_t* Sbuf = sbuf.get(2 * mP * kFwdKeys);
     acc_t* Ob = obuf.get(mP * dvN);
     in_t* KT = ktbuf.get(H * ktsz);
     in_t* VP = vbuf.get(H * vsz);
@@ -325,20 +328,52 @@ void forward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t*
                 std::memset(row, 0, dqkK * sizeof(in_t));
               }
             }
-            if (mp > m) std::memset(Pb + m * kFwdKeys, 0, (mp - m) * kFwdKeys * sizeof(in_t));
-            for (int64_t j0 = 0; j0 < kend; j0 += kFwdKeys) {
-              const int64_t w = imin(kFwdKeys, kend - j0), wK = round_up(w, keyPad);
-              E::gemm(mp, wK, dqkK, Qb, dqkK, E::b_block(KTh, ldkt, 0, j0), ldkt, Sb, kFwdKeys, false);
+            if (mp > m)
+              for (int u = 0; u < 2; ++u)
+                std::memset(Pbuf + u * mP * kFwdKeys + m * kFwdKeys, 0, (mp - m) * kFwdKeys * sizeof(in_t));
+            // Software pipeline over the key segments: while segment s's rows go through the
+            // SiLU (vector units), the tile / FMA GEMMs of S for segment s + 1 and of O += P V for
+            // segment s - 1 are issued between them, a 32-column piece at a time, so that the
+            // out-of-order core runs both.  O accumulates the segments in order, as unpipelined.
+            const int64_t nseg = (kend + kFwdKeys - 1) / kFwdKeys;
+            auto seg_w = [&](int64_t sg) { return imin(kFwdKeys, kend - sg * kFwdKeys); };
+            auto s_block = [&](int64_t sg) { return Sbuf + (sg & 1) * mP * kFwdKeys; };
+            auto p_block = [&](int64_t sg) { return Pbuf + (sg & 1) * mP * kFwdKeys; };
+            auto s_piece = [&](int64_t sg, int64_t c0) {  // S[:, c0:c0+32) of segment sg
+              const int64_t wK = round_up(seg_w(sg), keyPad);
+              if (c0 >= wK) return;
+              E::gemm(mp, imin(32, wK - c0), dqkK, Qb, dqkK, E::b_block(KTh, ldkt, 0, sg * kFwdKeys + c0), ldkt,
+                      s_block(sg) + c0, kFwdKeys, false);
+            };
+            auto pv_piece = [&](int64_t sg, int64_t c0) {  // O[:, c0:c0+32) += P V of segment sg
+              if (c0 >= dvN) return;
+              const int64_t wK = round_up(seg_w(sg), keyPad);
+              E::gemm(mp, imin(32, dvN - c0), wK, p_block(sg), kFwdKeys, E::b_block(VPh, ldvp, sg * kFwdKeys, c0), ldvp,
+                      Ob + c0, dvN, sg > 0);
+            };
+            const int64_t parts = imax(kFwdKeys, dvN) / 32, rows_per = (m + parts - 1) / parts;
+            for (int64_t c0 = 0; c0 < kFwdKeys; c0 += 32) s_piece(0, c0);
+            for (int64_t sg = 0; sg < nseg; ++sg) {
+              const int64_t j0 = sg * kFwdKeys, w = seg_w(sg), wK = round_up(w, keyPad);
               const bool all_valid = j0 + w <= full_all;
               for (int64_t r = 0; r < m; ++r) {
                 full[r] = imin(imax(fe[rb + r] - j0, 0), w);
                 const int64_t sc = i0 + r - j0;
                 selfc[r] = (sc >= 0 && sc < w) ? sc : -1;
               }
-              E::silu_fwd(m, w, wK, Sb, kFwdKeys, bias ? bias + rb * ldbias + j0 : nullptr, ldbias,
-                          all_valid ? nullptr : full, selfc, alpha, Pb, kFwdKeys);
-              E::gemm(mp, dvN, wK, Pb, kFwdKeys, E::b_block(VPh, ldvp, j0, 0), ldvp, Ob, dvN, j0 > 0);
+              const acc_t* Sc = s_block(sg);
+              in_t* Pc = p_block(sg);
+              for (int64_t part = 0; part < parts; ++part) {
+                if (sg + 1 < nseg) s_piece(sg + 1, 32 * part);
+                if (sg > 0) pv_piece(sg - 1, 32 * part);
+                const int64_t r0 = imin(part * rows_per, m), r1 = imin(r0 + rows_per, m);
+                if (r1 > r0)
+                  E::silu_fwd(r1 - r0, w, wK, Sc + r0 * kFwdKeys, kFwdKeys,
+                              bias ? bias + (rb + r0) * ldbias + j0 : nullptr, ldbias,
+                              all_valid ? nullptr : full + r0, selfc + r0, alpha, Pc + r0 * kFwdKeys, kFwdKeys);
+              }
             }
+            for (int64_t c0 = 0; c0 < dvN; c0 += 32) pv_piece(nseg - 1, c0);
             E::store_rows(m, dv, Ob, dvN, inv, out + (s0 + i0) * ldv + h * dv, ldv);
           }
         }
