@@ -30,11 +30,11 @@ next to others -- reaches another's score).  The task head reads, for each candi
 output (layer-normed) and DLRM's vectors -- one embedding per feature (the item, each item side
 feature, each context column, the user, each user side feature) and the projected item
 statistics -- with the pairwise dot products of all of them (DLRM's interaction), and (with
-``head_stats``) the raw statistics themselves, a wide input: an MLP maps them to one logit per task (and, with a
-``target_weight``, one regression output: the watch time).  So the head sees what the DLRM
-baseline sees, plus the sequence.  The loss
-(:mod:`.ranking_loss`) is the sum over tasks of ``weight x BCE`` (plus ``target_weight x`` the
-squared error), summed over candidates and scaled by ``batch.loss_scale``.
+``head_stats``) the raw statistics themselves, a wide input: an MLP maps them to one logit per
+task (and, with a ``target_weight``, one regression output: the watch time).  So the head sees
+what the DLRM baseline sees, plus the sequence.  The loss (:mod:`.ranking_loss`) is the sum over
+tasks of ``weight x BCE`` (plus ``target_weight x`` the squared error), summed over candidates
+and scaled by ``batch.loss_scale``.
 
 **Tables** live in one TorchRec ``EmbeddingCollection`` (``model.ec``: sharded by the planner,
 trained by the fused row-wise Adagrad): ``item`` and ``user`` ids, and one small table per side /

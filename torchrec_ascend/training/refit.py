@@ -5,9 +5,10 @@ The first training picks its step on the validation split (the restored best wit
 ``eval.restore_best``, else its last step).  A fresh model of the same kind and seed is then
 trained on the task's :meth:`~.task.Task.refit_task` (training + validation data), with the same
 config, the same number of epochs (a run in ``train.steps``: as many epochs as those steps
-were) and learning-rate schedule over them, and stopped after the same share of its steps; it is not evaluated on validation (it trained on it).  Its test
-metrics replace the first model's in the results; the first model's validation metrics, its
-step and its own test stay in ``results["refit"]``.  A refit's log and checkpoints are
+were) and learning-rate schedule over them, and stopped after the same share of its steps; it
+is not evaluated on validation (it trained on it).  Its test metrics replace the first model's
+in the results; the first model's validation metrics stay, its chosen step and its own test go
+to ``results["refit"]``.  A refit's log and checkpoints are
 ``<out>/<kind>/refit/`` (``--resume`` continues it too).
 
 Why: ranking data drift by the day, and the validation days are the latest before the test.  On
@@ -53,9 +54,9 @@ def refit(cfg: Any, task: Task, env: DistEnv, out: str, kind: str, peak_flops: f
     if view is None:
         raise ValueError("refit: the task has no refit (its config does not ask for one)")
     chosen = int(result["restored_step"] or result["steps"])
-    trainer = Trainer(refit_config(cfg, first.batches.steps_per_epoch), view, env, out, kind, peak_flops, progress=progress,
-                      resume=resume, console=console, stage="refit",
-                      stop_fraction=chosen / first.total)
+    trainer = Trainer(refit_config(cfg, first.batches.steps_per_epoch), view, env, out, kind,
+                      peak_flops, progress=progress, resume=resume, console=console,
+                      stage="refit", stop_fraction=chosen / first.total)
     console.say(f"[{kind}] refit on the training + validation data: {trainer.total} of "
                 f"{trainer.schedule_total} steps ({trainer.batches.steps_per_epoch} per epoch; "
                 f"validation chose step {chosen} of {first.total})")

@@ -6,8 +6,8 @@ For an impression of user ``u`` and item ``i``, with ``p`` the training positive
 task and ``k`` the smoothing weight (``ranking.ctr_smoothing`` pseudo-impressions at rate ``p``):
 ``p_u = (pos_u + k p) / (n_u + k)``, ``p_i`` likewise, and the prediction is
 ``sigmoid(logit(p_u) + logit(p_i) - logit(p))`` (the two rates combined as independent evidence
-over the prior).  A user or item absent from the days the rates come from gets ``p``.  It sees no sequence,
-no side feature and no context: what the rates alone buy.
+over the prior).  A user or item absent from the days the rates come from gets ``p``.  It sees
+no sequence, no side feature and no context: what the rates alone buy.
 """
 
 from __future__ import annotations
