@@ -25,7 +25,7 @@ from torchrec.models.dlrm import DLRM
 
 from .batch import FieldsBatch
 from .generative_ranker import RankerSpec, feature_key
-from .ranking_loss import ranking_loss
+from .ranking_loss import ranking_loss, regression_outputs
 
 __all__ = ["DLRMBatch", "DLRMRanker", "dlrm_features"]
 
@@ -65,7 +65,7 @@ class DLRMRanker(nn.Module):
                  dense_dims: Sequence[int] = (64,), over_dims: Sequence[int] = (256, 128),
                  device: torch.device = torch.device("meta"), target_weight: float = 0.0) -> None:
         super().__init__()
-        outputs = len(task_weights) + (1 if target_weight > 0 else 0)
+        outputs = len(task_weights) + regression_outputs(target_weight)
         tables = spec.tables()
         self.features = dlrm_features(spec)
         self.dense_in = 1 + len(spec.served_context()) + spec.item_stats

@@ -56,7 +56,7 @@ from ..options import choices
 from .batch import FieldsBatch
 from .config import ModelConfig
 from .generative_retrieval import NUM_ACTIONS, action_features
-from .ranking_loss import ranking_loss
+from .ranking_loss import ranking_loss, regression_outputs
 
 __all__ = ["ActionLayout", "ACTION_LAYOUTS", "RankerSpec", "RankingBatch", "GenerativeRanker",
            "TaskHead", "ranking_kjt_keys", "feature_key", "split_key", "ROLE_HISTORY",
@@ -207,7 +207,6 @@ class RankerHead(nn.Module):
         super().__init__()
         d = cfg.embedding_dim
         self.target_weight = float(target_weight)
-        regression = 1 if self.target_weight > 0 else 0
         self.spec, self.cfg, self.layout, self.dim = spec, cfg, layout, d
         self.compute_dtype = compute_dtype
         self.register_buffer("task_weights", torch.tensor(list(task_weights), dtype=torch.float32),
@@ -227,7 +226,7 @@ class RankerHead(nn.Module):
         # head_stats: the MLP also reads the raw statistics (a wide input: the rates' evidence)
         self.wide = spec.item_stats if head_stats else 0
         self.tasks = TaskHead(v * d + v * (v - 1) // 2 + self.wide, head_dims,
-                              len(task_weights) + regression, cfg.dropout)
+                              len(task_weights) + regression_outputs(target_weight), cfg.dropout)
 
     def _values(self, lookups: Dict[str, object], key: str) -> torch.Tensor:
         return lookups[key].values()[:, :self.dim]  # type: ignore[attr-defined]

@@ -8,7 +8,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ranking_loss", "split_outputs"]
+__all__ = ["ranking_loss", "regression_outputs", "split_outputs"]
+
+
+def regression_outputs(target_weight: float) -> int:
+    """The regression output columns of a model whose regression loss weight is
+    ``target_weight``: 1 when it is > 0, else 0."""
+    return 1 if target_weight > 0 else 0
 
 
 def split_outputs(outputs: torch.Tensor, tasks: int) -> tuple:

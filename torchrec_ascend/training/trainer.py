@@ -136,7 +136,7 @@ class Trainer:
         self.peak_flops, self.progress, self.resume = peak_flops, progress, resume
         self.console = console if console is not None else Console(env.rank == 0)
         self._track_versions = track_versions
-        self.stage, self.stop_fraction = stage, stop_fraction
+        self.stop_fraction = stop_fraction
         self.name = f"{kind}/{stage}" if stage else kind  # its log's folder, its console label
         self.root = f"{out}/{self.name}"
         self.best_root = f"{self.root}/best"
