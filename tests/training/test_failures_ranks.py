@@ -102,3 +102,64 @@ def test_a_dead_rank_is_one_line_on_the_other(tmp_path, data):
         assert "a peer rank died or left" in errors[0]
     else:
         assert procs[0].returncode == WATCHDOG_EXIT_CODE, err[-2000:]
+
+
+# A rank that stalls in a collective phase other than the step's own pipeline: rank 1 sleeps at
+# the start of the phase (its third throughput report, its first periodic evaluation, its first
+# checkpoint); rank 0, waiting in the same phase's collectives, must end with the watchdog's
+# line naming that phase -- never hang.  The phases other than steps get the larger of
+# AUTO_FIRST_S and the step limit: both are made small here.
+_STALL = """
+import os, sys, time
+from torchrec_ascend.distributed.train_pipeline import faults
+faults.AUTO_FIRST_S = {limit}
+from torchrec_ascend.training import cli, trainer
+if os.environ["RANK"] == "1":
+    original = getattr(trainer.Trainer, "{method}")
+    calls = [0]
+    def stalled(self, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] == {at_call}:
+            time.sleep(600)
+        return original(self, *args, **kwargs)
+    setattr(trainer.Trainer, "{method}", stalled)
+sys.exit(cli.main(sys.argv[1:]))
+"""
+_PHASE_LIMIT_S = 6.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,at_call,sets,phase", [
+    ("_log_perf", 3, [], "step 3 did not finish within step_timeout_s=6.0 s"),
+    ("evaluate", 1, ["train.eval_every=4"], "evaluation on valid did not finish within"),
+    ("_save", 1, ["train.checkpoint_every=4"], "checkpoint of step 4 did not finish within"),
+])
+def test_a_rank_stalled_outside_the_pipeline_step_ends_the_job(tmp_path, data, method, at_call,
+                                                               sets, phase):
+    script = tmp_path / "stall.py"
+    script.write_text(_STALL.format(limit=_PHASE_LIMIT_S, method=method, at_call=at_call))
+    port = str(free_port())
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO, RANK=str(rank),
+                   LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        args = [sys.executable, str(script), "--no-progress", "--data", data,
+                "--out", str(tmp_path / "out"), "--steps", "40"]
+        for s in SETS + sets + [f"train.step_timeout_s={_PHASE_LIMIT_S}",
+                                f"data.cache_dir={tmp_path / 'cache'}"]:
+            args += ["--set", s]
+        procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=env, cwd=REPO))
+    try:
+        _, err = procs[0].communicate(timeout=240)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    assert procs[0].returncode == WATCHDOG_EXIT_CODE, err[-2000:]
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: rank 0: "), err[-2000:]
+    assert phase in errors[0], errors[0]
+    assert "Traceback" not in err

@@ -81,7 +81,8 @@ class TrainConfig:
     (TorchRec's ``start_batch``; docs/semi_async.md); step_timeout_s: a step (a peer's
     collective included) that runs longer ends the job with a one-line error naming the rank
     and the step: ``"auto"`` (default) 600 s until steps have been timed, then the larger of
-    30 s and 20 x the slowest of the last steps; a number of seconds; null: no limit.  balance:
+    30 s and 20 x the slowest of the last steps; a number of seconds; null: no limit (an
+    evaluation or a checkpoint, collective too, gets the larger of 600 s and that).  balance:
     ``none`` | ``collator`` | ``all_to_all`` (torchrec_ascend.distributed.load_balance);
     prefetch: sample the next step's negatives in a background thread; balance_ahead (with
     ``all_to_all``): build and balance the next step's batch on a worker thread while this step

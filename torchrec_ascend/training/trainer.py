@@ -20,7 +20,9 @@ What runs where (docs/training.md):
   where segments (or a kill and a resume) fall;
 * a non-finite loss or dense gradient norm ends training at that step with
   :class:`NonFiniteTrainingError` (nothing of that step is checkpointed); a step that exceeds
-  ``train.step_timeout_s`` (its collectives included) ends the job on every rank.
+  ``train.step_timeout_s`` (its collectives included: the loss and throughput all-reduces)
+  ends the job on every rank; an evaluation or a checkpoint that exceeds the larger of 600 s
+  and that limit too.
 """
 
 from __future__ import annotations
@@ -205,13 +207,15 @@ class Trainer:
     def _load(self, path: str) -> Dict[str, Any]:
         """Load checkpoint ``path`` into the model and the dense optimizer; its trainer state.
         2-D: the model counts its steps from the checkpoint's (always of synced replicas)."""
-        state = ckpt.load(path, self.dmp, self.optimizer)
+        with self.pipeline.watchdog.watch(f"loading checkpoint {path}", step=False):
+            state = ckpt.load(path, self.dmp, self.optimizer)
         self.dmp.restart_count(int(state["step"]))
         return state
 
     def _save(self, root: str, step: int, state: Dict[str, Any], keep: int) -> None:
-        self.dmp.sync_replicas()  # 2-D: the checkpoint holds one copy (the merged one)
-        ckpt.save(root, step, self.dmp, self.optimizer, state, keep=keep)
+        with self.pipeline.watchdog.watch(f"checkpoint of step {step}", step=False):
+            self.dmp.sync_replicas()  # 2-D: the checkpoint holds one copy (the merged one)
+            ckpt.save(root, step, self.dmp, self.optimizer, state, keep=keep)
 
     def _global(self, values: List[float]) -> torch.Tensor:
         v = torch.tensor(values, dtype=torch.float64)
@@ -222,10 +226,11 @@ class Trainer:
     def evaluate(self, which: str, limit: Optional[int] = None) -> Dict[str, Any]:
         """Metrics on ``which`` (``valid`` / ``test``), pipeline detached (collective); 2-D: of
         the hosts' replicas merged."""
-        self.pipeline.detach()
-        share = self.task.eval_share(which, self.env.rank, self.env.world_size, limit)
-        with self.dmp.merged_weights():
-            return self.task.evaluate(self.model, which, share, self.env.device)
+        with self.pipeline.watchdog.watch(f"evaluation on {which}", step=False):
+            self.pipeline.detach()
+            share = self.task.eval_share(which, self.env.rank, self.env.world_size, limit)
+            with self.dmp.merged_weights():
+                return self.task.evaluate(self.model, which, share, self.env.device)
 
     # ------------------------------------------------------------------ the loop
     def train_segment(self, start: int, end: int,
@@ -255,11 +260,11 @@ class Trainer:
                         raise PeerFailureError.of(
                             exc, f"rank {self.env.rank}: step {step + 1}") from exc
                     raise
+                if not math.isfinite(lv):
+                    raise NonFiniteTrainingError(step + 1, "loss", lv)
+                if on_step is not None:  # its throughput all-reduce is part of the step
+                    on_step(step + 1, lv, stats, time.perf_counter() - tic)
             step += 1
-            if not math.isfinite(lv):
-                raise NonFiniteTrainingError(step, "loss", lv)
-            if on_step is not None:
-                on_step(step, lv, stats, time.perf_counter() - tic)
         if step != end:
             raise RuntimeError(f"train_segment: ran {step - start} steps, expected {end - start}")
         return step
@@ -345,7 +350,8 @@ class Trainer:
                                    f"{self.best_root}")
             restored = int(self._load(best)["step"])
             self.console.say(f"[{self.name}] restored the best validation model (step {restored})")
-        self.dmp.sync_replicas()  # 2-D: the final evaluation is of the merged replicas
+        with self.pipeline.watchdog.watch("the replicas' final sync", step=False):
+            self.dmp.sync_replicas()  # 2-D: the final evaluation is of the merged replicas
         valid = self.evaluate("valid") if self.task.has_valid else None
         test = self.evaluate("test")
         for name, met in (("valid", valid), ("test", test)):

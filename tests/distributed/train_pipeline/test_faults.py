@@ -181,6 +181,20 @@ def test_watchdog_and_failure_classification():
         pass
     with StepWatchdog(5.0).watch("quick step"):  # armed, finishes in time: nothing happens
         pass
+    from torchrec_ascend.distributed.train_pipeline import faults
+    # an evaluation / a checkpoint: at least AUTO_FIRST_S, and its time does not feed "auto"
+    assert StepWatchdog(5.0).limit(step=False) == faults.AUTO_FIRST_S
+    assert StepWatchdog(2 * faults.AUTO_FIRST_S).limit(step=False) == 2 * faults.AUTO_FIRST_S
+    auto = StepWatchdog("auto")
+    for _ in range(faults.AUTO_WARMUP):
+        with auto.watch("step"):
+            pass
+    assert auto.limit() == faults.AUTO_MIN_S
+    auto._recent.clear()
+    auto._recent.append(0.0)
+    with auto.watch("evaluation", step=False):
+        time.sleep(0.01)
+    assert list(auto._recent) == [0.0] and auto.limit() == faults.AUTO_MIN_S
     assert is_peer_failure(RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]"))
     assert not is_peer_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
     assert not is_peer_failure(ValueError("connection closed by peer"))

@@ -9,7 +9,9 @@
   collective cannot be interrupted from Python, so exiting is the only way not to hang.
   ``"auto"`` adapts the limit to the steps seen: :data:`AUTO_FIRST_S` until
   :data:`AUTO_WARMUP` steps were timed, then the larger of :data:`AUTO_MIN_S` and
-  :data:`AUTO_FACTOR` times the slowest of the last :data:`AUTO_WINDOW` steps.
+  :data:`AUTO_FACTOR` times the slowest of the last :data:`AUTO_WINDOW` steps.  The other
+  collective phases of a run (an evaluation, a checkpoint) are watched too, with the larger of
+  :data:`AUTO_FIRST_S` and the step limit, and do not feed ``"auto"``.
 """
 
 from __future__ import annotations
@@ -84,15 +86,18 @@ class StepWatchdog:
         self._timed = 0
         self._thread: Optional[threading.Thread] = None
 
-    def limit(self) -> Optional[float]:
-        """The limit (seconds) of the next step."""
+    def limit(self, step: bool = True) -> Optional[float]:
+        """The limit (seconds) of the next step (``step=False``: of an evaluation or a
+        checkpoint, at least :data:`AUTO_FIRST_S`)."""
         if self.timeout_s is None:
             return None
         if self.timeout_s != "auto":
-            return float(self.timeout_s)
-        if self._timed < AUTO_WARMUP:
-            return AUTO_FIRST_S
-        return max(AUTO_MIN_S, AUTO_FACTOR * max(self._recent))
+            limit = float(self.timeout_s)
+        elif self._timed < AUTO_WARMUP:
+            limit = AUTO_FIRST_S
+        else:
+            limit = max(AUTO_MIN_S, AUTO_FACTOR * max(self._recent))
+        return limit if step else max(limit, AUTO_FIRST_S)
 
     def _run(self) -> None:
         while True:
@@ -110,9 +115,10 @@ class StepWatchdog:
                 os._exit(WATCHDOG_EXIT_CODE)
 
     @contextlib.contextmanager
-    def watch(self, what: str) -> Iterator[None]:
+    def watch(self, what: str, step: bool = True) -> Iterator[None]:
         """Arm the watchdog for the block (described as ``what`` in the error); the outermost
-        block's time feeds ``"auto"``."""
+        block's time feeds ``"auto"`` when it is a step (``step=False``: an evaluation or a
+        checkpoint, :meth:`limit`)."""
         if self.timeout_s is None:
             yield
             return
@@ -125,7 +131,7 @@ class StepWatchdog:
             outer = self._depth > 0
             self._depth += 1
             if not outer:
-                self._limit = self.limit()  # type: ignore[assignment]
+                self._limit = self.limit(step)  # type: ignore[assignment]
                 self._deadline = tic + self._limit
                 self._what = what
         try:
@@ -135,5 +141,6 @@ class StepWatchdog:
                 self._depth -= 1
                 if self._depth == 0:
                     self._deadline = None
-                    self._recent.append(time.monotonic() - tic)
-                    self._timed += 1
+                    if step:
+                        self._recent.append(time.monotonic() - tic)
+                        self._timed += 1
