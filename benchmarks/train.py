@@ -66,6 +66,8 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
         "train": dict(_TRAIN, batch_size=32, num_negatives=256),
         "num_items": 20_000, "num_users": 4_000,
         "contenders": [("hstu", "fp32"), ("hstu", "bf16"), ("sasrec", "fp32")],
+        # (warm-up steps, alternating rounds, steps per round): full run, --quick
+        "protocol": {False: (5, 5, 8), True: (3, 2, 4)},
     },
     "paper": {
         "model": {"embedding_dim": 512, "num_layers": 8, "num_heads": 8, "attention_dim": 64,
@@ -74,6 +76,7 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
         "train": dict(_TRAIN, batch_size=8, num_negatives=512),
         "num_items": 20_000, "num_users": 2_000,
         "contenders": [("hstu", "fp32"), ("hstu", "bf16")],
+        "protocol": {False: (2, 3, 2), True: (1, 2, 1)},
     },
 }
 PEAK_N = 2048
@@ -139,9 +142,7 @@ def runnable_contenders(contenders: List[Tuple[str, str]], peak: Dict[torch.dtyp
 def run_config(name: str, env, quick: bool) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
     """Train every contender of config ``name`` alternately; one row per contender."""
     spec = CONFIGS[name]
-    warmup, rounds, per_round = {("small", True): (3, 2, 4), ("small", False): (5, 5, 8),
-                                 ("paper", True): (1, 2, 1), ("paper", False): (2, 3, 2)}[
-        (name, quick)]
+    warmup, rounds, per_round = spec["protocol"][quick]
     split = synthetic_split(spec["model"]["max_seq_len"], spec["num_users"], spec["num_items"])
     peak_before = peaks()
     contenders, skipped = runnable_contenders(spec["contenders"], peak_before)
@@ -190,7 +191,7 @@ def run_config(name: str, env, quick: bool) -> Tuple[List[Dict[str, Any]], Dict[
         stage_ms = a["stages"].means()
         step_ms = 1e3 * a["seconds"] / a["steps"]
         parts = breakdown(step_ms, stage_ms, tr.model.head, recorders[key].offsets, dtype,
-                          tr.cfg.train.num_negatives, tr.split.num_items,
+                          tr.cfg.train.num_negatives, split.num_items,
                           min_run_time=0.1 if quick else 0.3)
         recorders[key].close()
         rate = a["flops"] / a["seconds"]
