@@ -60,6 +60,7 @@ from torch import nn
 
 from ..ops import hstu as hstu_ops
 from . import hstu_fused
+from .projection import project
 
 __all__ = [
     "HSTUEncoder",
@@ -231,7 +232,7 @@ class HSTUBlock(nn.Module):
         dv, dqk = self.linear_dim, self.attention_dim
         # silu + split into contiguous u, v, q, k; dropout(u * LN(attn)): fused on CPU
         # (modules/hstu_fused.py), the same torch ops elsewhere
-        h = _layer_norm(x, self.embedding_dim) @ self.uvqk
+        h = project(_layer_norm(x, self.embedding_dim), self.uvqk)  # modules/projection.py
         u, v, q, k = hstu_fused.silu_split(h, [H * dv, H * dv, H * dqk, H * dqk])
         bias = (self.relative_bias.attention_kwargs(timestamps, h.dtype)
                 if self.relative_bias is not None else {})

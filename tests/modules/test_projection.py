@@ -1,0 +1,65 @@
+"""modules.projection.project: x @ w and both gradients against a float64 reference, in fp32
+and under bf16 autocast (the contiguous-x^T weight gradient), rows 0, 1 and many; the layout
+choice; bad shapes and dtypes refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchrec_ascend.modules.projection import contiguous_transpose_helps, project
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, dh: torch.Tensor):
+    x64, w64, dh64 = x.double(), w.double(), dh.double()
+    return x64 @ w64, dh64 @ w64.t(), x64.t() @ dh64
+
+
+@pytest.mark.parametrize("rows", [0, 1, 37, 300])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_product_and_gradients_match_float64(rows, bf16):
+    g = torch.Generator().manual_seed(rows)
+    x0 = torch.randn(rows, 48, generator=g)
+    w0 = 0.1 * torch.randn(48, 80, generator=g)
+    dh = torch.randn(rows, 80, generator=g)
+    if bf16:  # the reference sees the operands autocast multiplies
+        x0, w0, dh = (t.bfloat16().float() for t in (x0, w0, dh))
+    x = x0.clone().requires_grad_()
+    w = w0.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        h = project(x, w)
+    assert h.dtype == (torch.bfloat16 if bf16 else torch.float32)
+    h.backward(dh.to(h.dtype))
+    ref_h, ref_dx, ref_dw = _reference(x0, w0, dh)
+    tol = dict(rtol=2e-2, atol=2e-2) if bf16 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(h.double(), ref_h, **tol)
+    assert x.grad.dtype == w.grad.dtype == torch.float32
+    torch.testing.assert_close(x.grad.double(), ref_dx, **tol)
+    torch.testing.assert_close(w.grad.double(), ref_dw, **tol)
+    if rows == 0:
+        assert not w.grad.any()
+
+
+def test_bf16_gradients_equal_autocast_mm_within_rounding():
+    g = torch.Generator().manual_seed(7)
+    x0, w0 = torch.randn(500, 64, generator=g), torch.randn(64, 256, generator=g)
+    dh = torch.randn(500, 256, generator=g).bfloat16()
+    grads = []
+    for fn in (project, torch.mm):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = fn(x, w)
+        h.backward(dh)
+        grads.append((h.float(), x.grad, w.grad))
+    for ours, theirs in zip(*grads):
+        # bf16 outputs: at most one bf16 rounding step apart (accumulation order)
+        torch.testing.assert_close(ours, theirs, rtol=1e-2, atol=1e-2)
+
+
+def test_layout_choice_and_errors():
+    assert contiguous_transpose_helps(torch.zeros(2, 2, dtype=torch.bfloat16))
+    assert not contiguous_transpose_helps(torch.zeros(2, 2))
+    with pytest.raises(ValueError, match=r"expected x \[T, D\] and w \[D, N\]"):
+        project(torch.zeros(3, 4), torch.zeros(5, 6))
+    with pytest.raises(ValueError, match="outside autocast they must agree"):
+        project(torch.zeros(3, 4), torch.zeros(4, 6, dtype=torch.float64))

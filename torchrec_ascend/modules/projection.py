@@ -1,0 +1,62 @@
+"""``x @ w`` whose weight gradient runs on a contiguous ``x^T`` where that is faster.
+
+The weight gradient of ``h = x @ w`` is ``x^T @ dh``: autograd's ``mm`` backward multiplies the
+transposed *view* of ``x`` (or computes ``(dh^T @ x)^T``).  On the CPU in bf16 / fp16, oneDNN runs
+that GEMM at about half its rate with a contiguous left operand (one thread, 2-core Xeon with AMX,
+``x [2399, 512]``, ``dh [2399, 2048]``: 9.3 ms on the view, 5.1 ms copying ``x^T`` first, the copy
+included; ``[700, 512]``: 2.9 -> 1.5 ms), while in fp32 and on accelerators (whose GEMMs take
+transposed operands as they are) the copy buys nothing.  :func:`project` makes the copy exactly
+there; the product and both gradients are otherwise autograd's.
+
+Under ``torch.autocast`` the operands are cast to the autocast dtype first (as autocast's own
+``mm`` would: the casts are differentiable, so ``w``'s gradient arrives in ``w``'s dtype).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+__all__ = ["project", "contiguous_transpose_helps"]
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def contiguous_transpose_helps(x: torch.Tensor) -> bool:
+    """Whether the weight gradient should copy ``x^T`` contiguous first: half precision on the
+    CPU (module docstring)."""
+    return x.device.type == "cpu" and x.dtype in _HALF
+
+
+class _Project(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x, w)
+        return x @ w
+
+    @staticmethod
+    def backward(ctx, dh: torch.Tensor) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:  # type: ignore[override]
+        x, w = ctx.saved_tensors
+        dx = dh @ w.t() if ctx.needs_input_grad[0] else None
+        dw = None
+        if ctx.needs_input_grad[1]:
+            xt = x.t().contiguous() if contiguous_transpose_helps(x) else x.t()
+            dw = xt @ dh
+        return dx, dw
+
+
+def project(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x [T, D] @ w [D, N]`` (in the autocast dtype under autocast); gradients as autograd's
+    ``mm``, the weight's computed on a contiguous ``x^T`` where that is faster."""
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[0]:
+        raise ValueError(f"project: expected x [T, D] and w [D, N], got {tuple(x.shape)} and "
+                         f"{tuple(w.shape)}")
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        x, w = x.to(dtype), w.to(dtype)
+    elif x.dtype != w.dtype:
+        raise ValueError(f"project: x is {x.dtype}, w is {w.dtype} (outside autocast they must "
+                         "agree)")
+    return _Project.apply(x, w)
