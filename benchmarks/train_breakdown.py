@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Sequence
 import torch
 
 from benchmarks.side_by_side import interleaved
+from torchrec_ascend.modules.projection import project
 from torchrec_ascend.ops.hstu import hstu_mha
 from torchrec_ascend.sampling import NegativeSample
 
@@ -97,7 +98,7 @@ def _projections(enc, offsets: torch.Tensor, dtype: torch.dtype,
 
     def run() -> None:
         for _ in range(enc.num_layers):
-            (x @ w1).backward(g1)
+            project(x, w1).backward(g1)  # as HSTUBlock multiplies it
             (a @ w2).backward(g2)
     return run
 

@@ -37,6 +37,27 @@ def test_silu_split_matches_torch(dtype, T, widths):
     torch.testing.assert_close(h.grad.double(), h64.grad, **TOL[dtype])
 
 
+def test_bf16_silu_split_is_within_one_rounding_of_float64():
+    """bf16 in and out: the kernel's bf16-accuracy sigmoid (|rel err| < 4e-4) keeps every output
+    within the bf16 rounding (2^-8 relative) of the float64 value of the same bf16 input, plus
+    that error -- a tolerance a wrong formula or a lost lane would not meet."""
+    h = (4 * _rand(257, 128, dtype=torch.float32, seed=5)).bfloat16()  # |z| up to ~16
+    h[0, :8] = torch.tensor([0.0, -0.0, 30.0, -30.0, 1e-3, -1e-3, 88.0, -88.0]).bfloat16()
+    widths = [32, 32, 32, 32]
+    parts = hstu_fused.silu_split(h.clone().requires_grad_(), widths)
+    z = h.double()
+    want = z * torch.sigmoid(z)
+    got = torch.cat([p.detach() for p in parts], 1).double()
+    assert ((got - want).abs() <= (2 ** -8 + 5e-4) * want.abs() + 1e-30).all()
+    g = _rand(257, 128, dtype=torch.float32, seed=6).bfloat16()
+    hh = h.clone().requires_grad_()
+    torch.autograd.backward(hstu_fused.silu_split(hh, widths), list(g.split(widths, 1)))
+    sg = torch.sigmoid(z)
+    want_dh = g.double() * sg * (1 + z * (1 - sg))
+    err = (hh.grad.double() - want_dh).abs()
+    assert (err <= 2 ** -8 * want_dh.abs() + 1e-3 * g.double().abs() + 1e-30).all(), err.max()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T, D", [(0, 8), (1, 16), (33, 40), (70, 512)])
 def test_norm_gate_without_dropout_matches_torch(dtype, T, D):
