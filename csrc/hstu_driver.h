@@ -15,10 +15,12 @@
 // segments are software-pipelined: segment s's SiLU rows are interleaved with the GEMM pieces
 // of S for segment s + 1 and of O += P V for segment s - 1 (the matrix unit and the vector
 // units work at once; the sums are the same, in the same order).
-// Backward: tasks (sequence, head); key blocks of kBwdKeys outside, query blocks of kBwdRows
-// inside, in the key orientation: S^T = K Q^T, dP^T = V dO^T, then P^T, dS^T; dV += P^T dO and
-// dK += dS^T Q stay in the block's accumulators, dQ^T += K^T dS^T accumulates over the key blocks.
-// The bias tables' gradients go to per-thread float64 accumulators, reduced at the end.
+// Backward: tasks (sequence, group of heads: every head on one thread, heads_per_task); key blocks
+// of kBwdKeys outside, the group's heads, then query blocks of kBwdRows inside, in the key
+// orientation: S^T = K Q^T, dP^T = V dO^T, then P^T, dS^T; dV += P^T dO and dK += dS^T Q stay in
+// the block's accumulators, dQ^T += K^T dS^T accumulates over the key blocks.  A key block's bias
+// strip is computed once for the group's heads, and their dS summed into one strip whose tables'
+// gradients go (one pass) to per-thread float64 accumulators, reduced at the end.
 //
 // An engine E provides:
 //   in_t, acc_t                     GEMM operand type, accumulation / elementwise type
@@ -29,7 +31,8 @@
 //   pack_b(src, lds, K, Kp, N, dst, ld)   B(k, n) = src[k lds + n] (k < K < Kp), zero padded
 //   pack_bt(src, lds, K, N, Np, dst, ld)  B(k, n) = src[n lds + k] (n < N < Np), zero padded
 //   gemm(M, N, K, A, lda, B, ld, C, ldc, accumulate)   C (+)= A B, M N K padded
-//   silu_fwd, silu_bwd             P = silu(alpha S + bias) masked; P, dS and dS's gradient rows
+//   silu_fwd, silu_bwd             P = silu(alpha S + bias) masked; P, dS and dS's rows for the
+//                                   tables' gradients (written, or added to them: g_add)
 //   bias_rows(m, w, lim, pos, p0, ts_w, bucketer, a, b, out, ld, ids)
 //                                   out(r, c) = pos[p0 - r + c] + ts_w[bucket(a[r] - b[c])], c < lim[r]
 //                                   (lim null: w); ids (optional) the buckets
@@ -384,6 +387,22 @@ void forward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t*
 
 // ============================================================================ backward
 
+// Heads per backward task: all H on one thread; with several threads the largest divisor of H
+// whose tasks stay under about 1 / (4 threads) of the work (as row_tasks caps the forward's), at
+// least 1.
+inline int64_t heads_per_task(const int64_t* off, int64_t B, int64_t H, int nthreads) {
+  if (nthreads <= 1) return H;
+  double total = 0, largest = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const double n = static_cast<double>(off[b + 1] - off[b]);
+    total += n * n * static_cast<double>(H);
+    largest = n * n > largest ? n * n : largest;
+  }
+  for (int64_t d = H; d > 1; --d)
+    if (H % d == 0 && largest * static_cast<double>(d) <= total / (4.0 * nthreads)) return d;
+  return 1;
+}
+
 template <class E>
 void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t* go,
                      const typename E::in_t* q, const typename E::in_t* k, const typename E::in_t* v,
@@ -408,11 +427,16 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
   Scratch<double> grads_buf;
   double* grads = grads_buf.zeroed(nthreads * (npos + nts));
 
-  int64_t ntask = P.B * H;
+  // heads per task: every head of a sequence on one thread (the heads share each key block's bias
+  // strip and its tables' gradient pass: dS summed over the heads first), fewer where the tasks
+  // would not balance over the threads
+  const int64_t hg = heads_per_task(P.off, P.B, H, nthreads);
+  const int64_t ngroups = H / hg;
+  int64_t ntask = P.B * ngroups;
   Scratch<Task> task_buf;
   Task* tasks = task_buf.get(ntask);
   for (int64_t b = 0; b < P.B; ++b)
-    for (int64_t h = 0; h < H; ++h) tasks[b * H + h] = {b, h, P.len(b) * P.len(b)};
+    for (int64_t g = 0; g < ngroups; ++g) tasks[b * ngroups + g] = {b, g * hg, P.len(b) * P.len(b) * hg};
   sort_tasks_desc(tasks, ntask);
   const acc_t alpha = static_cast<acc_t>(P.alpha);
   const int64_t KBM = round_up(kBwdKeys, E::kRowPad), KBK = round_up(kBwdKeys, E::kKPad);
@@ -437,44 +461,54 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
     int64_t* tsk = tq_b.get(kBwdKeys);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < ntask; ++t) {
-      const int64_t b = tasks[t].b, h = tasks[t].i0, n = P.len(b), s0 = P.off[b];
+      const int64_t b = tasks[t].b, h0 = tasks[t].i0, n = P.len(b), s0 = P.off[b];
       if (n == 0) continue;
       const int64_t np = round_up(n, imax(kBwdKeys, kBwdRows));
       const SeqMask mask(n, P.ctx, P.nt ? P.nt[b] : 0);
       const acc_t inv = static_cast<acc_t>(1.0 / norm_of(n, P.max_seq_len, P.by_len));
-      // operands of this (sequence, head), padded with zeros
-      in_t* KA = ka_b.get(np * dqkK);   // A: keys x dqk
-      in_t* VA = va_b.get(np * dvK);    // A: keys x dv
+      // operands of this sequence's heads h0 .. h0 + hg - 1, padded with zeros (head x at x * size)
       // strides of the dqk x keys arrays: not a multiple of 4 KiB (16 rows of a tile in one L1 set)
       const int64_t ldkta = np + 64 / static_cast<int64_t>(sizeof(in_t)), lddqt = np + 16;
-      in_t* KTA = kta_b.get(dqkM * ldkta); // A: dqk x keys
-      for (int64_t j = 0; j < np; ++j) {
-        in_t* kr = KA + j * dqkK;
-        in_t* vr = VA + j * dvK;
-        if (j < n) {
-          std::memcpy(kr, k + (s0 + j) * ldq + h * dqk, dqk * sizeof(in_t));
-          std::memset(kr + dqk, 0, (dqkK - dqk) * sizeof(in_t));
-          std::memcpy(vr, v + (s0 + j) * ldv + h * dvd, dvd * sizeof(in_t));
-          std::memset(vr + dvd, 0, (dvK - dvd) * sizeof(in_t));
-        } else {
-          std::memset(kr, 0, dqkK * sizeof(in_t));
-          std::memset(vr, 0, dvK * sizeof(in_t));
-        }
-      }
-      E::transpose_rows(KA, dqkK, np, dqk, KTA, ldkta);
-      if (dqkM > dqk) std::memset(KTA + dqk * ldkta, 0, (dqkM - dqk) * ldkta * sizeof(in_t));
       const int64_t ldqt = E::b_ld(dqk, np), lddot = E::b_ld(dvd, np), lddo = E::b_ld(np, dvd),
                     ldqb = E::b_ld(np, dqk);
-      in_t* QTB = qtb_b.get(E::b_size(dqk, np));   // B: dqk x queries
-      in_t* DOTB = dotb_b.get(E::b_size(dvd, np)); // B: dv x queries
-      in_t* DOB = dob_b.get(E::b_size(np, dvd));   // B: queries x dv
-      in_t* QB = qb_b.get(E::b_size(np, dqk));     // B: queries x dqk
-      const in_t* qh = q + s0 * ldq + h * dqk;
-      const in_t* goh = go + s0 * ldv + h * dvd;
-      E::pack_bt(qh, ldq, dqk, n, np, QTB, ldqt);
-      E::pack_bt(goh, ldv, dvd, n, np, DOTB, lddot);
-      E::pack_b(goh, ldv, n, np, dvd, DOB, lddo);
-      E::pack_b(qh, ldq, n, np, dqk, QB, ldqb);
+      const int64_t szka = np * dqkK, szva = np * dvK, szkta = dqkM * ldkta, szqtb = E::b_size(dqk, np),
+                    szdotb = E::b_size(dvd, np), szdob = E::b_size(np, dvd), szqb = E::b_size(np, dqk),
+                    szdqt = dqkM * lddqt;
+      in_t* KA0 = ka_b.get(hg * szka);       // A: keys x dqk
+      in_t* VA0 = va_b.get(hg * szva);       // A: keys x dv
+      in_t* KTA0 = kta_b.get(hg * szkta);    // A: dqk x keys
+      in_t* QTB0 = qtb_b.get(hg * szqtb);    // B: dqk x queries
+      in_t* DOTB0 = dotb_b.get(hg * szdotb); // B: dv x queries
+      in_t* DOB0 = dob_b.get(hg * szdob);    // B: queries x dv
+      in_t* QB0 = qb_b.get(hg * szqb);       // B: queries x dqk
+      acc_t* DQT0 = dqt_b.zeroed(hg * szdqt);  // dQ^T: dqk x queries
+      for (int64_t x = 0; x < hg; ++x) {
+        const int64_t h = h0 + x;
+        in_t* KA = KA0 + x * szka;
+        in_t* VA = VA0 + x * szva;
+        in_t* KTA = KTA0 + x * szkta;
+        for (int64_t j = 0; j < np; ++j) {
+          in_t* kr = KA + j * dqkK;
+          in_t* vr = VA + j * dvK;
+          if (j < n) {
+            std::memcpy(kr, k + (s0 + j) * ldq + h * dqk, dqk * sizeof(in_t));
+            std::memset(kr + dqk, 0, (dqkK - dqk) * sizeof(in_t));
+            std::memcpy(vr, v + (s0 + j) * ldv + h * dvd, dvd * sizeof(in_t));
+            std::memset(vr + dvd, 0, (dvK - dvd) * sizeof(in_t));
+          } else {
+            std::memset(kr, 0, dqkK * sizeof(in_t));
+            std::memset(vr, 0, dvK * sizeof(in_t));
+          }
+        }
+        E::transpose_rows(KA, dqkK, np, dqk, KTA, ldkta);
+        if (dqkM > dqk) std::memset(KTA + dqk * ldkta, 0, (dqkM - dqk) * ldkta * sizeof(in_t));
+        const in_t* qh = q + s0 * ldq + h * dqk;
+        const in_t* goh = go + s0 * ldv + h * dvd;
+        E::pack_bt(qh, ldq, dqk, n, np, QTB0 + x * szqtb, ldqt);
+        E::pack_bt(goh, ldv, dvd, n, np, DOTB0 + x * szdotb, lddot);
+        E::pack_b(goh, ldv, n, np, dvd, DOB0 + x * szdob, lddo);
+        E::pack_b(qh, ldq, n, np, dqk, QB0 + x * szqb, ldqb);
+      }
       // per query: the end of its key prefix; per query block: the largest one
       const int64_t nqb = np / kBwdRows;
       int64_t* e = cols_b.get(2 * n + nqb + 16);
@@ -487,8 +521,8 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
         emax[qb] = mx;
       }
       if (tqv) for (int64_t i = 0; i < n; ++i) tqv[i] = P.ts[s0 + imin(i + 1, n - 1)];
-      // a key block's bias and dS (for the tables' gradients) over all the queries that see it:
-      // strips of kBwdKeys rows, one row per key
+      // a key block's bias and dS summed over the heads (for the tables' gradients) over all the
+      // queries that see it: strips of kBwdKeys rows, one row per key
       const int64_t lds = round_up(np, 16) + 16;
       acc_t* bias = P.has_bias() ? bias_b.get(kBwdKeys * lds) : nullptr;
       acc_t* G = P.has_bias() ? g_b.get(kBwdKeys * lds) : nullptr;
@@ -501,7 +535,6 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
         runs.kmin = kmin_b.get(kBwdKeys * runs.gld);
         runs.kmax = kmax_b.get(kBwdKeys * runs.gld);
       }
-      acc_t* DQT = dqt_b.zeroed(dqkM * lddqt);  // dQ^T: dqk x queries
       for (int64_t j0 = 0; j0 < n; j0 += kBwdKeys) {
         const int64_t m = imin(kBwdKeys, n - j0), mM = round_up(m, E::kRowPad), mK = round_up(m, E::kKPad);
         if (P.ts_w) for (int64_t r = 0; r < m; ++r) tsk[r] = P.ts[s0 + j0 + r];
@@ -519,21 +552,38 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
           E::bias_rows(m, ws, nullptr, pos_rev, P.max_seq_len - 1 + cs - j0, P.ts_w, P.bucketer, tsk,
                        tqv ? tqv + cs : nullptr, bias, lds, P.ts_w ? &runs : nullptr);
         }
-        bool first = true;
-        for (int64_t i0 = cs; i0 < n; i0 += kBwdRows) {
-          const int64_t w = imin(kBwdRows, n - i0), wK = round_up(w, imax(E::kKPad, E::kNPad));
-          if (!visible(i0)) {  // no query here sees these keys
-            if (G) for (int64_t r = 0; r < m; ++r) std::memset(G + r * lds + (i0 - cs), 0, w * sizeof(acc_t));
-            continue;
+        for (int64_t x = 0; x < hg; ++x) {
+          const int64_t h = h0 + x;
+          const in_t* KA = KA0 + x * szka;
+          const in_t* VA = VA0 + x * szva;
+          const in_t* KTA = KTA0 + x * szkta;
+          const in_t* QTB = QTB0 + x * szqtb;
+          const in_t* DOTB = DOTB0 + x * szdotb;
+          const in_t* DOB = DOB0 + x * szdob;
+          const in_t* QB = QB0 + x * szqb;
+          acc_t* DQT = DQT0 + x * szdqt;
+          bool first = true;
+          for (int64_t i0 = cs; i0 < n; i0 += kBwdRows) {
+            const int64_t w = imin(kBwdRows, n - i0), wK = round_up(w, imax(E::kKPad, E::kNPad));
+            if (!visible(i0)) {  // no query here sees these keys
+              if (G && x == 0) for (int64_t r = 0; r < m; ++r) std::memset(G + r * lds + (i0 - cs), 0, w * sizeof(acc_t));
+              continue;
+            }
+            E::gemm(mM, wK, dqkK, KA + j0 * dqkK, dqkK, E::b_block(QTB, ldqt, 0, i0), ldqt, ST, kBwdRows, false);
+            E::gemm(mM, wK, dvK, VA + j0 * dvK, dvK, E::b_block(DOTB, lddot, 0, i0), lddot, DPT, kBwdRows, false);
+            E::silu_bwd(m, mK, w, wK, ST, DPT, kBwdRows, bias ? bias + (i0 - cs) : nullptr, lds, j0, i0, e + i0,
+                        alpha, PA, dSA, kBwdRows, dSB, ldsb, G ? G + (i0 - cs) : nullptr, lds, x > 0);
+            E::gemm(mM, dvN, wK, PA, kBwdRows, E::b_block(DOB, lddo, i0, 0), lddo, DV, dvN, !first);
+            E::gemm(mM, dqkN, wK, dSA, kBwdRows, E::b_block(QB, ldqb, i0, 0), ldqb, DK, dqkN, !first);
+            E::gemm(dqkM, wK, mK, KTA + j0, ldkta, dSB, ldsb, DQT + i0, lddqt, true);
+            first = false;
           }
-          E::gemm(mM, wK, dqkK, KA + j0 * dqkK, dqkK, E::b_block(QTB, ldqt, 0, i0), ldqt, ST, kBwdRows, false);
-          E::gemm(mM, wK, dvK, VA + j0 * dvK, dvK, E::b_block(DOTB, lddot, 0, i0), lddot, DPT, kBwdRows, false);
-          E::silu_bwd(m, mK, w, wK, ST, DPT, kBwdRows, bias ? bias + (i0 - cs) : nullptr, lds, j0, i0, e + i0,
-                      alpha, PA, dSA, kBwdRows, dSB, ldsb, G ? G + (i0 - cs) : nullptr, lds);
-          E::gemm(mM, dvN, wK, PA, kBwdRows, E::b_block(DOB, lddo, i0, 0), lddo, DV, dvN, !first);
-          E::gemm(mM, dqkN, wK, dSA, kBwdRows, E::b_block(QB, ldqb, i0, 0), ldqb, DK, dqkN, !first);
-          E::gemm(dqkM, wK, mK, KTA + j0, ldkta, dSB, ldsb, DQT + i0, lddqt, true);
-          first = false;
+          if (first) {  // cannot happen (a key sees itself); keep the outputs defined anyway
+            std::memset(DK, 0, mM * dqkN * sizeof(acc_t));
+            std::memset(DV, 0, mM * dvN * sizeof(acc_t));
+          }
+          E::store_rows(m, dqk, DK, dqkN, alpha * inv, dk + (s0 + j0) * ldq + h * dqk, ldq);
+          E::store_rows(m, dvd, DV, dvN, inv, dv + (s0 + j0) * ldv + h * dvd, ldv);
         }
         if (G) {
           // element (r, c): dpos[msl - 1 + j - i] with j = j0 + r, i = cs + c
@@ -541,14 +591,9 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
                          P.ts_w ? my_grads + npos : nullptr, P.bucketer, tsk, tqv ? tqv + cs : nullptr,
                          P.ts_w ? &runs : nullptr, static_cast<double>(inv));
         }
-        if (first) {  // cannot happen (a key sees itself); keep the outputs defined anyway
-          std::memset(DK, 0, mM * dqkN * sizeof(acc_t));
-          std::memset(DV, 0, mM * dvN * sizeof(acc_t));
-        }
-        E::store_rows(m, dqk, DK, dqkN, alpha * inv, dk + (s0 + j0) * ldq + h * dqk, ldq);
-        E::store_rows(m, dvd, DV, dvN, inv, dv + (s0 + j0) * ldv + h * dvd, ldv);
       }
-      E::store_transposed(dqk, n, DQT, lddqt, alpha * inv, dq + s0 * ldq + h * dqk, ldq);
+      for (int64_t x = 0; x < hg; ++x)
+        E::store_transposed(dqk, n, DQT0 + x * szdqt, lddqt, alpha * inv, dq + s0 * ldq + (h0 + x) * dqk, ldq);
     }
   }
   for (int th = 0; th < nthreads; ++th) {

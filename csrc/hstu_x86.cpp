@@ -447,6 +447,11 @@ inline void silu_bwd16(const float* s, const float* dp, const float* bias, __m51
   ds = _mm512_maskz_mul_ps(ok, _mm512_maskz_loadu_ps(ok, dp), silu_grad(z, sig));
 }
 
+// 16 lanes of the tables' gradient strip: dS written (the first head of a task) or added (the others)
+inline void store_g(float* g, __mmask16 live, __m512 ds, bool add) {
+  _mm512_mask_storeu_ps(g, live, add ? _mm512_add_ps(_mm512_maskz_loadu_ps(live, g), ds) : ds);
+}
+
 // The relative-bias rows and their table gradients, the same AVX-512 work in every engine here
 struct Avx512Tables {
   static void bias_rows(int64_t m, int64_t w, const int64_t* lim, const float* pos, int64_t p0, const float* ts_w,
@@ -587,7 +592,8 @@ struct F32Avx512 : Avx512Tables {
 
   static void silu_bwd(int64_t m, int64_t mk, int64_t w, int64_t wp, const float* S, const float* dP, int64_t ld,
                        const float* bias, int64_t ldbias, int64_t j0, int64_t i0, const int64_t* e, float alpha,
-                       float* PA, float* dSA, int64_t lda, float* /*dSB*/, int64_t /*ldb*/, float* G, int64_t ldg) {
+                       float* PA, float* dSA, int64_t lda, float* /*dSB*/, int64_t /*ldb*/, float* G, int64_t ldg,
+                       bool g_add) {
     const __m512 av = _mm512_set1_ps(alpha);
     for (int64_t r = 0; r < mk; ++r)
       for (int64_t c = 0; c < wp; c += 16) {
@@ -597,7 +603,7 @@ struct F32Avx512 : Avx512Tables {
                           p, ds);
         _mm512_storeu_ps(PA + r * lda + c, p);
         _mm512_storeu_ps(dSA + r * lda + c, ds);
-        if (G && r < m) _mm512_mask_storeu_ps(G + r * ldg + c, first_lanes(w - c), ds);
+        if (G && r < m) store_g(G + r * ldg + c, first_lanes(w - c), ds, g_add);
       }
   }
 };
@@ -717,7 +723,8 @@ struct Bf16Common : Avx512Tables {
   // key rows in pairs (the VNNI copy of dS^T interleaves them), 32 query columns at a time
   static void silu_bwd(int64_t m, int64_t mk, int64_t w, int64_t wp, const float* S, const float* dP, int64_t ld,
                        const float* bias, int64_t ldbias, int64_t j0, int64_t i0, const int64_t* e, float alpha,
-                       bf16_t* PA, bf16_t* dSA, int64_t lda, bf16_t* dSB, int64_t ldb_, float* G, int64_t ldg) {
+                       bf16_t* PA, bf16_t* dSA, int64_t lda, bf16_t* dSB, int64_t ldb_, float* G, int64_t ldg,
+                       bool g_add) {
     const __m512 av = _mm512_set1_ps(alpha);
     const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
                                             6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
@@ -733,7 +740,7 @@ struct Bf16Common : Avx512Tables {
             const __mmask16 ok = rr < m ? bwd_mask(j0 + rr, i0, cc, w, e) : 0;
             silu_bwd16<true>(S + rr * ld + cc, dP + rr * ld + cc, bias && rr < m ? bias + rr * ldbias + cc : nullptr,
                              av, ok, p[u][h], ds[u][h]);
-            if (G && rr < m) _mm512_mask_storeu_ps(G + rr * ldg + cc, first_lanes(w - cc), ds[u][h]);
+            if (G && rr < m) store_g(G + rr * ldg + cc, first_lanes(w - cc), ds[u][h], g_add);
           }
           _mm512_storeu_si512(PA + rr * lda + c, f32x32_to_bf16(p[u][0], p[u][1]));
           _mm512_storeu_si512(dSA + rr * lda + c, f32x32_to_bf16(ds[u][0], ds[u][1]));

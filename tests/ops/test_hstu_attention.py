@@ -412,6 +412,17 @@ def _engines(dtype):
     return hstu_ops.cpu_engines(dtype) if cpu.kernel("hstu_engines") is not None else []
 
 
+@pytest.fixture(params=[1, 2], ids=("1thread", "2threads"))
+def threads(request):
+    """torch's (= OpenMP's) thread count for the test: the backward gives one thread every head
+    of a sequence (the heads share the bias strips and their tables' gradient pass), several
+    threads fewer heads per task (csrc/hstu_driver.h: heads_per_task)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def engine():
     """force(dtype, name): run the csrc attention of dtype on engine `name`; the backend's own
@@ -450,7 +461,7 @@ def _check_bf16(args, normalization):
 @_needs_kernel
 @pytest.mark.parametrize("name", _engines(torch.float32))
 @pytest.mark.parametrize("case", range(len(ENGINE_CASES)))
-def test_cpu_float32_engines_match_float64_oracle(name, case, engine):
+def test_cpu_float32_engines_match_float64_oracle(name, case, engine, threads):
     lengths, msl, targets, c, norm, pos, time, unsorted = ENGINE_CASES[case]
     engine(torch.float32, name)
     args = _case(lengths, H=2, dqk=16, dv=8, max_seq_len=msl, targets=targets, c=c, pos=pos, time=time,
@@ -461,7 +472,7 @@ def test_cpu_float32_engines_match_float64_oracle(name, case, engine):
 @_needs_kernel
 @pytest.mark.parametrize("name", _engines(torch.bfloat16))
 @pytest.mark.parametrize("case", range(len(ENGINE_CASES)))
-def test_cpu_bfloat16_engines_match_float64_oracle(name, case, engine):
+def test_cpu_bfloat16_engines_match_float64_oracle(name, case, engine, threads):
     lengths, msl, targets, c, norm, pos, time, unsorted = ENGINE_CASES[case]
     engine(torch.bfloat16, name)
     args = _case(lengths, H=2, dqk=16, dv=8, max_seq_len=msl, targets=targets, c=c, pos=pos, time=time,
@@ -471,7 +482,7 @@ def test_cpu_bfloat16_engines_match_float64_oracle(name, case, engine):
 
 @_needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpu_engines_at_the_papers_head_dim(dtype, engine):
+def test_cpu_engines_at_the_papers_head_dim(dtype, engine, threads):
     """d = 64 (the kernels' full tiles, no padding of the head dimension), 4 heads."""
     args = _case([190, 64, 1], H=4, dqk=64, dv=64, max_seq_len=190, targets=[0, 1, 0], c=0,
                  dtype=dtype, seed=91)
@@ -481,6 +492,26 @@ def test_cpu_engines_at_the_papers_head_dim(dtype, engine):
             _check("cpu_kernel", args, "max_len", rtol=5e-4, atol=5e-5)
         else:
             _check_bf16(args, "max_len")
+
+
+@_needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_engines_with_head_groups_on_two_threads(dtype, engine):
+    """Four equal sequences, 4 heads, 2 threads: tasks of 2 heads each (neither 1 nor all), the
+    bias tables' gradients summed over each group's heads, then over the tasks."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        args = _case([150, 150, 150, 150], H=4, dqk=16, dv=8, max_seq_len=150, targets=False, c=0,
+                     dtype=dtype, seed=93)
+        for name in _engines(dtype):
+            engine(dtype, name)
+            if dtype == torch.float32:
+                _check("cpu_kernel", args, "max_len")
+            else:
+                _check_bf16(args, "max_len")
+    finally:
+        torch.set_num_threads(before)
 
 
 @_needs_kernel
