@@ -228,7 +228,7 @@ void bias_rows_avx512(int64_t m, int64_t w, const int64_t* lim, const float* pos
                       BucketRuns* runs) {
   const bool sorted = ts_w && m > 0 && non_decreasing(a, m) && non_decreasing(b, w);
   const int64_t gmax = (w + 15) / 16;
-  Scratch<int32_t> own;
+  static thread_local Scratch<int32_t> own;
   if (!runs) own.get(3 * gmax + 1);
   for (int64_t r0 = 0; r0 < m; r0 += kRowSub) {
     const int64_t mr = imin(kRowSub, m - r0);
@@ -280,7 +280,7 @@ void table_grads_avx512(int64_t m, int64_t w, const float* G, int64_t ld, double
                         double scale) {
   if (dpos) {
     const int64_t span = m + w + 32;
-    Scratch<float> buf;
+    static thread_local Scratch<float> buf;
     float* diag = buf.zeroed(4 * span);
     const __m512i rev = _mm512_set_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     // element (r, c) -> diag[16 + (w - 1) + r - c]; 16 columns c0.. map to the reversed window
@@ -302,7 +302,7 @@ void table_grads_avx512(int64_t m, int64_t w, const float* G, int64_t ld, double
   }
   if (dts) {
     const int64_t nts = bk->nb + 1, stride = round_up(nts, 16);
-    Scratch<float> hbuf;
+    static thread_local Scratch<float> hbuf;
     float* hp = hbuf.zeroed(4 * stride);
     for (int64_t r0 = 0; r0 < m; r0 += kRowSub) {
       const int64_t mr = imin(kRowSub, m - r0);
