@@ -96,10 +96,13 @@ class DenseOptimizer:
     def step(self, closure: Optional[Callable[[], Any]] = None) -> None:
         grads = [p for p in self.params if p.grad is not None]
         if grads:
-            norm = (torch.nn.utils.clip_grad_norm_(grads, self.clip) if self.clip else
-                    torch.nn.utils.get_total_norm([p.grad for p in grads]))
+            norm = torch.nn.utils.get_total_norm([p.grad for p in grads])
             if not bool(torch.isfinite(norm)):
                 raise NonFiniteTrainingError(self.step_number, "dense gradient norm", float(norm))
+            # clip_grad_norm_'s scaling, skipped where its factor min(1, clip / (norm + 1e-6))
+            # is 1 (bit-identical: the multiply by 1.0 was a pass over every gradient)
+            if self.clip and float(norm) + 1e-6 > self.clip:
+                torch.nn.utils.clip_grads_with_norm_(grads, self.clip, norm)
         if self.schedule is not None:
             for group in self.inner.param_groups:
                 group["lr"] = self.lr * self.schedule(self.step_number - 1)

@@ -1,0 +1,58 @@
+"""trainer.DenseOptimizer against torch's own clip_grad_norm_ + (unfused) AdamW: clipping active
+and inactive, the fused CPU AdamW chosen for CPU parameters, a non-finite gradient refused before
+any weight changes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from torchrec_ascend.training.trainer import DenseOptimizer, NonFiniteTrainingError
+
+
+def _params(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(*s, generator=g)) for s in ((7, 5), (5,), (3, 4, 2))]
+
+
+def _grads(seed: int, scale: float):
+    g = torch.Generator().manual_seed(seed)
+    return [scale * torch.randn(*s, generator=g) for s in ((7, 5), (5,), (3, 4, 2))]
+
+
+@pytest.mark.parametrize("scale", [0.01, 10.0])  # the gradient norm under / over the clip
+def test_steps_equal_torch_clip_and_adamw(scale):
+    clip, lr, wd = 1.0, 1e-2, 0.01
+    ours_p, ref_p = _params(0), _params(0)
+    ours = DenseOptimizer(ours_p, lr, wd, clip)
+    assert all(g["fused"] for g in ours.param_groups)  # CPU parameters: torch's fused AdamW
+    ref = torch.optim.AdamW(ref_p, lr=lr, weight_decay=wd, betas=(0.9, 0.98), foreach=False)
+    clipped = []
+    for step in range(5):
+        for p, q, gr in zip(ours_p, ref_p, _grads(10 + step, scale)):
+            p.grad, q.grad = gr.clone(), gr.clone()
+        norm = float(torch.nn.utils.clip_grad_norm_(ref_p, clip))
+        clipped.append(norm > clip)
+        ours.step_number = step + 1
+        ours.step()
+        ref.step()
+        for p, q in zip(ours_p, ref_p):
+            torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0)  # the same (clipped) grads
+            torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
+    assert all(clipped) if scale > 1 else not any(clipped)
+
+
+def test_non_finite_gradient_changes_nothing():
+    ps = _params(1)
+    opt = DenseOptimizer(ps, 1e-2, 0.0, 1.0)
+    before = [p.detach().clone() for p in ps]
+    for p, gr in zip(ps, _grads(2, 1.0)):
+        p.grad = gr
+    ps[1].grad[0] = math.inf
+    opt.step_number = 3
+    with pytest.raises(NonFiniteTrainingError, match="step 3"):
+        opt.step()
+    for p, b in zip(ps, before):
+        assert torch.equal(p.detach(), b)
