@@ -26,20 +26,35 @@ SETS = ["model.embedding_dim=12", "model.max_seq_len=16", "model.num_heads=1",
         "train.batch_size=8", "train.threads=1", "train.peak_gemm_size=64", "train.log_every=1"]
 
 
-def _start(tmp_path, data):
+def _start(tmp_path, data, entry=("-m", "torchrec_ascend.training"), steps=100000, sets=()):
+    """Two ranks of ``python <entry> ...`` training on ``data`` (the CLI's arguments)."""
     port = str(free_port())
     procs = []
     for rank in range(2):
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO, RANK=str(rank),
                    LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        args = [sys.executable, "-m", "torchrec_ascend.training", "--no-progress", "--data", data,
-                "--out", str(tmp_path / "out"), "--steps", "100000"]
-        for s in SETS + [f"data.cache_dir={tmp_path / 'cache'}"]:
+        args = [sys.executable, *entry, "--no-progress", "--data", data,
+                "--out", str(tmp_path / "out"), "--steps", str(steps)]
+        for s in SETS + list(sets) + [f"data.cache_dir={tmp_path / 'cache'}"]:
             args += ["--set", s]
         procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, env=env, cwd=REPO))
     return procs
+
+
+def _rank0_stderr(procs, timeout: float, first=lambda: None) -> str:
+    """``first()``, then rank 0's stderr once it ends (within ``timeout``); every rank is killed
+    afterwards, also when either raises."""
+    try:
+        first()
+        _, err = procs[0].communicate(timeout=timeout)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    return err
 
 
 def _wait_for_steps(tmp_path, procs, steps: int, timeout: float = 240.0) -> None:
@@ -63,17 +78,15 @@ def data(tmp_path):
 @pytest.mark.slow
 def test_a_stalled_rank_ends_the_job_within_the_default_timeout(tmp_path, data):
     procs = _start(tmp_path, data)
-    try:
+    stopped = []
+
+    def stop_rank1() -> None:
         _wait_for_steps(tmp_path, procs, 8)
         os.kill(procs[1].pid, signal.SIGSTOP)
-        stopped = time.monotonic()
-        _, err = procs[0].communicate(timeout=AUTO_MIN_S + 90)
-        waited = time.monotonic() - stopped
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.communicate()
+        stopped.append(time.monotonic())
+
+    err = _rank0_stderr(procs, AUTO_MIN_S + 90, stop_rank1)
+    waited = time.monotonic() - stopped[0]
     assert procs[0].returncode == WATCHDOG_EXIT_CODE, err[-2000:]
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "rank 0" in errors[0], err[-2000:]
@@ -85,15 +98,12 @@ def test_a_stalled_rank_ends_the_job_within_the_default_timeout(tmp_path, data):
 @pytest.mark.slow
 def test_a_dead_rank_is_one_line_on_the_other(tmp_path, data):
     procs = _start(tmp_path, data)
-    try:
+
+    def kill_rank1() -> None:
         _wait_for_steps(tmp_path, procs, 4)
         procs[1].kill()
-        _, err = procs[0].communicate(timeout=AUTO_MIN_S + 90)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.communicate()
+
+    err = _rank0_stderr(procs, AUTO_MIN_S + 90, kill_rank1)
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "rank 0" in errors[0], err[-2000:]
     assert "Traceback" not in err, err[-2000:]
@@ -138,26 +148,9 @@ def test_a_rank_stalled_outside_the_pipeline_step_ends_the_job(tmp_path, data, m
                                                                sets, phase):
     script = tmp_path / "stall.py"
     script.write_text(_STALL.format(limit=_PHASE_LIMIT_S, method=method, at_call=at_call))
-    port = str(free_port())
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO, RANK=str(rank),
-                   LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        args = [sys.executable, str(script), "--no-progress", "--data", data,
-                "--out", str(tmp_path / "out"), "--steps", "40"]
-        for s in SETS + sets + [f"train.step_timeout_s={_PHASE_LIMIT_S}",
-                                f"data.cache_dir={tmp_path / 'cache'}"]:
-            args += ["--set", s]
-        procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, env=env, cwd=REPO))
-    try:
-        _, err = procs[0].communicate(timeout=240)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.communicate()
+    procs = _start(tmp_path, data, entry=(str(script),), steps=40,
+                   sets=sets + [f"train.step_timeout_s={_PHASE_LIMIT_S}"])
+    err = _rank0_stderr(procs, 240)
     assert procs[0].returncode == WATCHDOG_EXIT_CODE, err[-2000:]
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0].startswith("error: rank 0: "), err[-2000:]
