@@ -15,7 +15,7 @@
 // segments are software-pipelined: segment s's SiLU rows are interleaved with the GEMM pieces
 // of S for segment s + 1 and of O += P V for segment s - 1 (the matrix unit and the vector
 // units work at once; the sums are the same, in the same order).
-// Backward: tasks (sequence, group of heads: every head on one thread, heads_per_task); key blocks
+// Backward: tasks (sequence, group of its heads: all on one thread, heads_per_task); key blocks
 // of kBwdKeys outside, the group's heads, then query blocks of kBwdRows inside, in the key
 // orientation: S^T = K Q^T, dP^T = V dO^T, then P^T, dS^T; dV += P^T dO and dK += dS^T Q stay in
 // the block's accumulators, dQ^T += K^T dS^T accumulates over the key blocks.  A key block's bias
@@ -390,19 +390,14 @@ void forward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t*
 
 // ============================================================================ backward
 
-// Heads per backward task: all H on one thread; with several threads the largest divisor of H
-// whose tasks stay under about 1 / (4 threads) of the work (as row_tasks caps the forward's), at
-// least 1.
-inline int64_t heads_per_task(const int64_t* off, int64_t B, int64_t H, int nthreads) {
-  if (nthreads <= 1) return H;
-  double total = 0, largest = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    const double n = static_cast<double>(off[b + 1] - off[b]);
-    total += n * n * static_cast<double>(H);
-    largest = n * n > largest ? n * n : largest;
-  }
+// Heads per backward task of a sequence of n keys: all H on one thread; with several threads the
+// largest divisor of H whose task stays under `cap` (about 1 / (4 threads) of the work, as
+// row_tasks caps the forward's), at least 1: long sequences split by head, short ones keep their
+// heads together.
+inline int64_t heads_per_task(int64_t n, int64_t H, double cap) {
+  const double cost = static_cast<double>(n) * static_cast<double>(n);
   for (int64_t d = H; d > 1; --d)
-    if (H % d == 0 && largest * static_cast<double>(d) <= total / (4.0 * nthreads)) return d;
+    if (H % d == 0 && cost * static_cast<double>(d) <= cap) return d;
   return 1;
 }
 
@@ -430,16 +425,23 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
   Scratch<double> grads_buf;
   double* grads = grads_buf.zeroed(nthreads * (npos + nts));
 
-  // heads per task: every head of a sequence on one thread (the heads share each key block's bias
-  // strip and its tables' gradient pass: dS summed over the heads first), fewer where the tasks
-  // would not balance over the threads
-  const int64_t hg = heads_per_task(P.off, P.B, H, nthreads);
-  const int64_t ngroups = H / hg;
-  int64_t ntask = P.B * ngroups;
+  // heads per task, per sequence: every head of a sequence on one thread (the heads share each key
+  // block's bias strip and its tables' gradient pass: dS summed over the heads first), fewer where
+  // the tasks would not balance over the threads
+  double total = 0;
+  for (int64_t b = 0; b < P.B; ++b) total += static_cast<double>(P.len(b)) * static_cast<double>(P.len(b) * H);
+  const double cap = nthreads > 1 ? total / (4.0 * nthreads) : total + 1;
+  Scratch<int64_t> hg_buf;
+  int64_t* hgs = hg_buf.get(P.B);
+  int64_t ntask = 0;
+  for (int64_t b = 0; b < P.B; ++b) {
+    hgs[b] = heads_per_task(P.len(b), H, cap);
+    ntask += H / hgs[b];
+  }
   Scratch<Task> task_buf;
   Task* tasks = task_buf.get(ntask);
-  for (int64_t b = 0; b < P.B; ++b)
-    for (int64_t g = 0; g < ngroups; ++g) tasks[b * ngroups + g] = {b, g * hg, P.len(b) * P.len(b) * hg};
+  for (int64_t b = 0, t = 0; b < P.B; ++b)
+    for (int64_t h0 = 0; h0 < H; h0 += hgs[b]) tasks[t++] = {b, h0, P.len(b) * P.len(b) * hgs[b]};
   sort_tasks_desc(tasks, ntask);
   const acc_t alpha = static_cast<acc_t>(P.alpha);
   const int64_t KBM = round_up(kBwdKeys, E::kRowPad), KBK = round_up(kBwdKeys, E::kKPad);
@@ -465,7 +467,7 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
     int64_t* tsk = tq_b.get(kBwdKeys);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < ntask; ++t) {
-      const int64_t b = tasks[t].b, h0 = tasks[t].i0, n = P.len(b), s0 = P.off[b];
+      const int64_t b = tasks[t].b, h0 = tasks[t].i0, hg = hgs[b], n = P.len(b), s0 = P.off[b];
       if (n == 0) continue;
       const int64_t np = round_up(n, imax(kBwdKeys, kBwdRows));
       const SeqMask mask(n, P.ctx, P.nt ? P.nt[b] : 0);

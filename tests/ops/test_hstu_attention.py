@@ -496,13 +496,17 @@ def test_cpu_engines_at_the_papers_head_dim(dtype, engine, threads):
 
 @_needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpu_engines_with_head_groups_on_two_threads(dtype, engine):
-    """Four equal sequences, 4 heads, 2 threads: tasks of 2 heads each (neither 1 nor all), the
-    bias tables' gradients summed over each group's heads, then over the tasks."""
+@pytest.mark.parametrize("lengths", [[150, 150, 150, 150], [400, 30, 0, 20, 1]],
+                         ids=("2-head-groups", "long-split-short-whole"))
+def test_cpu_engines_with_head_groups_on_two_threads(dtype, lengths, engine):
+    """4 heads, 2 threads (csrc/hstu_driver.h heads_per_task): four equal sequences give tasks of
+    2 heads each (neither 1 nor all); one long sequence among short ones is split by head while
+    the short ones keep their 4 heads together.  The bias tables' gradients are summed over each
+    group's heads, then over the tasks."""
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        args = _case([150, 150, 150, 150], H=4, dqk=16, dv=8, max_seq_len=150, targets=False, c=0,
+        args = _case(lengths, H=4, dqk=16, dv=8, max_seq_len=max(lengths), targets=False, c=0,
                      dtype=dtype, seed=93)
         for name in _engines(dtype):
             engine(dtype, name)
