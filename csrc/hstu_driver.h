@@ -15,7 +15,8 @@
 // segments are software-pipelined: segment s's SiLU rows are interleaved with the GEMM pieces
 // of S for segment s + 1 and of O += P V for segment s - 1 (the matrix unit and the vector
 // units work at once; the sums are the same, in the same order).
-// Backward: tasks (sequence, group of its heads: all on one thread, heads_per_task); key blocks
+// Backward: tasks (sequence, group of its heads: all on one thread, heads_per_task; engines
+// without kGroupHeads one head per task); key blocks
 // of kBwdKeys outside, the group's heads, then query blocks of kBwdRows inside, in the key
 // orientation: S^T = K Q^T, dP^T = V dO^T, then P^T, dS^T; dV += P^T dO and dK += dS^T Q stay in
 // the block's accumulators, dQ^T += K^T dS^T accumulates over the key blocks.  A key block's bias
@@ -40,6 +41,8 @@
 //                                   dpos[p0 + r - c] += scale G(r, c), dts[bucket(a[r] - b[c])] += ...
 //   store_rows, store_transposed, transpose_rows   accumulators out (scaled), operand copies
 //   Thread                          RAII per-thread state (AMX: the tile configuration)
+//   kGroupHeads                     backward tasks take a group of a sequence's heads (sharing
+//                                   the bias strips) or one head each (heads_per_task)
 #pragma once
 
 #include <cmath>
@@ -430,7 +433,7 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
   // the tasks would not balance over the threads
   double total = 0;
   for (int64_t b = 0; b < P.B; ++b) total += static_cast<double>(P.len(b)) * static_cast<double>(P.len(b) * H);
-  const double cap = nthreads > 1 ? total / (4.0 * nthreads) : total + 1;
+  const double cap = !E::kGroupHeads ? 0.0 : nthreads > 1 ? total / (4.0 * nthreads) : total + 1;
   Scratch<int64_t> hg_buf;
   int64_t* hgs = hg_buf.get(P.B);
   int64_t ntask = 0;

@@ -120,6 +120,7 @@ struct BlasEngine {
   using acc_t = T;
   static constexpr int64_t kRowPad = 1, kKPad = 1, kNPad = 1;
   static constexpr bool kBSeparate = false;  // dS^T's B layout is its A layout
+  static constexpr bool kGroupHeads = false;  // one head per backward task (as the fp32 AVX-512 engine)
   struct Thread {};
 
   static int64_t b_ld(int64_t /*K*/, int64_t N) { return N; }

@@ -473,6 +473,9 @@ struct F32Avx512 : Avx512Tables {
   using acc_t = float;
   static constexpr int64_t kRowPad = 1, kKPad = 1, kNPad = 16;
   static constexpr bool kBSeparate = false;
+  // backward tasks take one head each: the bias work is a small share of the fp32 backward, and
+  // a group's fp32 operand packs (twice bf16's) outgrow the caches (max_len 4096: 330 -> 420 ms)
+  static constexpr bool kGroupHeads = false;
   struct Thread {};
 
   // rows of B a multiple of 64 bytes but not of 128: consecutive k rows fall in different L1 sets
@@ -617,6 +620,8 @@ struct Bf16Common : Avx512Tables {
   using acc_t = float;
   static constexpr int64_t kRowPad = 16, kKPad = 32, kNPad = 16;
   static constexpr bool kBSeparate = true;
+  // backward tasks take a group of heads (the bias strips were ~40% of the bf16 backward)
+  static constexpr bool kGroupHeads = true;
 
   static int64_t b_rows(int64_t K) { return round_up(K, 32) / 2; }
   static int64_t b_ld(int64_t K, int64_t /*N*/) { return 32 * b_rows(K); }
