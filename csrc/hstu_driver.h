@@ -33,7 +33,8 @@
 //   pack_bt(src, lds, K, N, Np, dst, ld)  B(k, n) = src[n lds + k] (n < N < Np), zero padded
 //   gemm(M, N, K, A, lda, B, ld, C, ldc, accumulate)   C (+)= A B, M N K padded
 //   silu_fwd, silu_bwd             P = silu(alpha S + bias) masked; P, dS and dS's rows for the
-//                                   tables' gradients (written, or added to them: g_add)
+//                                   tables' gradients (written, or added to them: g_add, set only
+//                                   for engines with kGroupHeads)
 //   bias_rows(m, w, lim, pos, p0, ts_w, bucketer, a, b, out, ld, ids)
 //                                   out(r, c) = pos[p0 - r + c] + ts_w[bucket(a[r] - b[c])], c < lim[r]
 //                                   (lim null: w); ids (optional) the buckets
@@ -433,12 +434,12 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
   // the tasks would not balance over the threads
   double total = 0;
   for (int64_t b = 0; b < P.B; ++b) total += static_cast<double>(P.len(b)) * static_cast<double>(P.len(b) * H);
-  const double cap = !E::kGroupHeads ? 0.0 : nthreads > 1 ? total / (4.0 * nthreads) : total + 1;
+  const double cap = nthreads > 1 ? total / (4.0 * nthreads) : total + 1;
   Scratch<int64_t> hg_buf;
   int64_t* hgs = hg_buf.get(P.B);
   int64_t ntask = 0;
   for (int64_t b = 0; b < P.B; ++b) {
-    hgs[b] = heads_per_task(P.len(b), H, cap);
+    hgs[b] = E::kGroupHeads ? heads_per_task(P.len(b), H, cap) : 1;
     ntask += H / hgs[b];
   }
   Scratch<Task> task_buf;

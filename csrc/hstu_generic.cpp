@@ -237,7 +237,8 @@ struct BlasEngine {
   // columns [w, wp) zero.
   static void silu_bwd(int64_t m, int64_t mk, int64_t w, int64_t wp, const T* S, const T* dP, int64_t ld,
                        const T* bias, int64_t ldbias, int64_t j0, int64_t i0, const int64_t* e, T alpha, T* PA,
-                       T* dSA, int64_t lda, T* /*dSB: = dSA*/, int64_t /*ldb*/, T* G, int64_t ldg, bool g_add) {
+                       T* dSA, int64_t lda, T* /*dSB: = dSA*/, int64_t /*ldb*/, T* G, int64_t ldg,
+                       bool /*g_add: never set without kGroupHeads*/) {
     T ok[kBwdRows];
     for (int64_t r = 0; r < m; ++r) {
       const int64_t j = j0 + r;
@@ -258,11 +259,7 @@ struct BlasEngine {
         }
       }
       for (int64_t c = w; c < wp; ++c) p[c] = ds[c] = T(0);
-      if (G && g_add) {
-        for (int64_t c = 0; c < w; ++c) G[r * ldg + c] += ds[c];
-      } else if (G) {
-        std::memcpy(G + r * ldg, ds, w * sizeof(T));
-      }
+      if (G) std::memcpy(G + r * ldg, ds, w * sizeof(T));
     }
     for (int64_t r = m; r < mk; ++r) {
       std::memset(PA + r * lda, 0, wp * sizeof(T));

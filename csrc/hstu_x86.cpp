@@ -447,11 +447,6 @@ inline void silu_bwd16(const float* s, const float* dp, const float* bias, __m51
   ds = _mm512_maskz_mul_ps(ok, _mm512_maskz_loadu_ps(ok, dp), silu_grad(z, sig));
 }
 
-// 16 lanes of the tables' gradient strip: dS written (the first head of a task) or added (the others)
-inline void store_g(float* g, __mmask16 live, __m512 ds, bool add) {
-  _mm512_mask_storeu_ps(g, live, add ? _mm512_add_ps(_mm512_maskz_loadu_ps(live, g), ds) : ds);
-}
-
 // The relative-bias rows and their table gradients, the same AVX-512 work in every engine here
 struct Avx512Tables {
   static void bias_rows(int64_t m, int64_t w, const int64_t* lim, const float* pos, int64_t p0, const float* ts_w,
@@ -596,7 +591,7 @@ struct F32Avx512 : Avx512Tables {
   static void silu_bwd(int64_t m, int64_t mk, int64_t w, int64_t wp, const float* S, const float* dP, int64_t ld,
                        const float* bias, int64_t ldbias, int64_t j0, int64_t i0, const int64_t* e, float alpha,
                        float* PA, float* dSA, int64_t lda, float* /*dSB*/, int64_t /*ldb*/, float* G, int64_t ldg,
-                       bool g_add) {
+                       bool /*g_add: never set without kGroupHeads*/) {
     const __m512 av = _mm512_set1_ps(alpha);
     for (int64_t r = 0; r < mk; ++r)
       for (int64_t c = 0; c < wp; c += 16) {
@@ -606,7 +601,7 @@ struct F32Avx512 : Avx512Tables {
                           p, ds);
         _mm512_storeu_ps(PA + r * lda + c, p);
         _mm512_storeu_ps(dSA + r * lda + c, ds);
-        if (G && r < m) store_g(G + r * ldg + c, first_lanes(w - c), ds, g_add);
+        if (G && r < m) _mm512_mask_storeu_ps(G + r * ldg + c, first_lanes(w - c), ds);
       }
   }
 };
@@ -622,6 +617,11 @@ struct Bf16Common : Avx512Tables {
   static constexpr bool kBSeparate = true;
   // backward tasks take a group of heads (the bias strips were ~40% of the bf16 backward)
   static constexpr bool kGroupHeads = true;
+
+  // 16 lanes of the tables' gradient strip: dS written (the first head of a task) or added (the others)
+  static void store_g(float* g, __mmask16 live, __m512 ds, bool add) {
+    _mm512_mask_storeu_ps(g, live, add ? _mm512_add_ps(_mm512_maskz_loadu_ps(live, g), ds) : ds);
+  }
 
   static int64_t b_rows(int64_t K) { return round_up(K, 32) / 2; }
   static int64_t b_ld(int64_t K, int64_t /*N*/) { return 32 * b_rows(K); }
