@@ -10,6 +10,10 @@
 //                                           1e-6, statistics in fp32), y in u's dtype
 //   hstu_norm_gate_bwd(dy, attn, u, mean, rstd, p, seed) -> dattn, du
 //   hstu_dropout(x, p, seed) -> y;  hstu_dropout_bwd(dy, p, seed) -> dx
+//   hstu_ln_cast(x, dtype) -> y, mean, rstd   y = LayerNorm(x) of fp32 rows (no affine, eps 1e-6)
+//                                           written in dtype: under bf16 autocast the pre-norm of
+//                                           the residual stream and its cast, in one pass
+//   hstu_ln_cast_bwd(dy, x, mean, rstd) -> dx (fp32)
 //
 // Dropout masks come from a counter-based hash of (seed, element index) (murmur3's finalizer):
 // the backward regenerates the mask instead of storing it, and the forward does not draw one
@@ -73,7 +77,12 @@ struct Dropout : hstu::LayerDropout {
 };
 
 #if defined(TRASC_HSTU_X86_ENGINES)
-inline bool avx512() { return isa() == Isa::kAvx512; }
+// hstu_x86.cpp is compiled for AVX-512 with BW / VL / DQ / BF16: its row kernels run only where the
+// CPU has all of them (the avx512_bf16 attention engine's test); elsewhere the vector clones below
+inline bool avx512() {
+  static const bool usable = hstu::engine_usable(hstu::Engine::kAvx512Bf16);
+  return usable && isa() == Isa::kAvx512;
+}
 #define TRASC_LAYER_AVX512(call) \
   if (avx512()) {                \
     call;                        \
@@ -212,6 +221,51 @@ __attribute__((always_inline)) inline void dropout_range(const T* x, int64_t r0,
   }
 }
 
+// ------------------------------------------------------------------------- LayerNorm of fp32 rows, cast
+
+// 16 partial sums: a reduction GCC vectorises without reassociating a single accumulator
+template <typename F>
+__attribute__((always_inline)) inline float sum16(int64_t D, F&& f) {
+  float acc[16] = {0.0f};
+  int64_t c = 0;
+  for (; c + 16 <= D; c += 16)
+    for (int l = 0; l < 16; ++l) acc[l] += f(c + l);
+  for (; c < D; ++c) acc[0] += f(c);
+  float s = 0.0f;
+  for (int l = 0; l < 16; ++l) s += acc[l];
+  return s;
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void ln_cast_range(const float* x, int64_t r0, int64_t r1, int64_t D, T* y,
+                                                         float* mean, float* rstd) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * D;
+    const float m = sum16(D, [&](int64_t c) { return xr[c]; }) / static_cast<float>(D);
+    const float var = sum16(D, [&](int64_t c) { return (xr[c] - m) * (xr[c] - m); }) / static_cast<float>(D);
+    const float rs = 1.0f / std::sqrt(var + kEps);
+    mean[r] = m;
+    rstd[r] = rs;
+    T* yr = y + r * D;
+    for (int64_t c = 0; c < D; ++c) yr[c] = from_f<T>((xr[c] - m) * rs);
+  }
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void ln_cast_bwd_range(const T* dy, const float* x, const float* mean,
+                                                             const float* rstd, int64_t r0, int64_t r1, int64_t D,
+                                                             float* dx) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * D;
+    const T* g = dy + r * D;
+    const float m = mean[r], rs = rstd[r];
+    const float md = sum16(D, [&](int64_t c) { return to_f(g[c]); }) / static_cast<float>(D);
+    const float mdx = sum16(D, [&](int64_t c) { return to_f(g[c]) * (xr[c] - m) * rs; }) / static_cast<float>(D);
+    float* d = dx + r * D;
+    for (int64_t c = 0; c < D; ++c) d[c] = rs * (to_f(g[c]) - md - (xr[c] - m) * rs * mdx);
+  }
+}
+
 // the per-dtype (vector-cloned) instances
 #define TRA_LAYER_INSTANCES(T, S)                                                                                    \
   TRA_LAYER_VECTOR void silu_split_##S(const T* h, int64_t r0, int64_t r1, int64_t width, const int64_t* w4,      \
@@ -233,6 +287,14 @@ __attribute__((always_inline)) inline void dropout_range(const T* x, int64_t r0,
   }                                                                                                                 \
   TRA_LAYER_VECTOR void dropout_##S(const T* x, int64_t r0, int64_t r1, int64_t D, const Dropout& drop, T* y) {    \
     dropout_range<T>(x, r0, r1, D, drop, y);                                                                        \
+  }                                                                                                                 \
+  TRA_LAYER_VECTOR void ln_cast_##S(const float* x, int64_t r0, int64_t r1, int64_t D, T* y, float* mean,          \
+                                    float* rstd) {                                                                  \
+    ln_cast_range<T>(x, r0, r1, D, y, mean, rstd);                                                                  \
+  }                                                                                                                 \
+  TRA_LAYER_VECTOR void ln_cast_bwd_##S(const T* dy, const float* x, const float* mean, const float* rstd,         \
+                                        int64_t r0, int64_t r1, int64_t D, float* dx) {                             \
+    ln_cast_bwd_range<T>(dy, x, mean, rstd, r0, r1, D, dx);                                                         \
   }
 TRA_LAYER_INSTANCES(float, f32)
 TRA_LAYER_INSTANCES(bf16, bf16)
@@ -275,6 +337,21 @@ inline void dropout(const float* x, int64_t r0, int64_t r1, int64_t D, const Dro
 }
 inline void dropout(const bf16* x, int64_t r0, int64_t r1, int64_t D, const Dropout& d, bf16* y) {
   dropout_bf16(x, r0, r1, D, d, y);
+}
+
+inline void ln_cast(const float* x, int64_t r0, int64_t r1, int64_t D, float* y, float* m, float* rs) {
+  ln_cast_f32(x, r0, r1, D, y, m, rs);
+}
+inline void ln_cast(const float* x, int64_t r0, int64_t r1, int64_t D, bf16* y, float* m, float* rs) {
+  ln_cast_bf16(x, r0, r1, D, y, m, rs);
+}
+inline void ln_cast_bwd(const float* dy, const float* x, const float* m, const float* rs, int64_t r0, int64_t r1,
+                        int64_t D, float* dx) {
+  ln_cast_bwd_f32(dy, x, m, rs, r0, r1, D, dx);
+}
+inline void ln_cast_bwd(const bf16* dy, const float* x, const float* m, const float* rs, int64_t r0, int64_t r1,
+                        int64_t D, float* dx) {
+  ln_cast_bwd_bf16(dy, x, m, rs, r0, r1, D, dx);
 }
 
 template <typename F>
@@ -406,7 +483,55 @@ at::Tensor hstu_dropout(const at::Tensor& x, double p, int64_t seed) {
   return y;
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> hstu_ln_cast(const at::Tensor& x, at::ScalarType dtype) {
+  check_2d("x", x);
+  TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat, "x: dtype must be float32, got ", x.scalar_type());
+  TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kBFloat16, "dtype: must be float32 or bfloat16, got ", dtype);
+  at::Tensor xc = x.contiguous();
+  const int64_t T = xc.size(0), D = xc.size(1);
+  at::Tensor y = at::empty({T, D}, xc.options().dtype(dtype));
+  at::Tensor mean = at::empty({T}, xc.options()), rstd = at::empty_like(mean);
+  by_dtype(y, [&](auto tag) {
+    using O = decltype(tag);
+    const float* xp = xc.data_ptr<float>();
+    O* yp = y.data_ptr<O>();
+    float *mp = mean.data_ptr<float>(), *rp = rstd.data_ptr<float>();
+    over_rows(T, D, [&](int64_t r0, int64_t r1) {
+      TRASC_LAYER_AVX512(hstu::detail::avx512_ln_cast(!std::is_same_v<O, float>, xp, r0, r1, D, yp, mp, rp))
+      ln_cast(xp, r0, r1, D, yp, mp, rp);
+    });
+  });
+  return {y, mean, rstd};
+}
+
+at::Tensor hstu_ln_cast_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd) {
+  check_2d("dy", dy);
+  check_2d("x", x);
+  TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat, "x: dtype must be float32, got ", x.scalar_type());
+  TORCH_CHECK_VALUE(dy.sizes() == x.sizes(), "dy: shape ", dy.sizes(), " must equal x's ", x.sizes());
+  TORCH_CHECK_VALUE(mean.numel() == x.size(0) && rstd.numel() == x.size(0) && mean.scalar_type() == at::kFloat &&
+                        rstd.scalar_type() == at::kFloat,
+                    "mean, rstd: float32 [", x.size(0), "] expected");
+  at::Tensor xc = x.contiguous(), gc = dy.contiguous(), mc = mean.contiguous(), rc = rstd.contiguous();
+  const int64_t T = xc.size(0), D = xc.size(1);
+  at::Tensor dx = at::empty_like(xc);
+  by_dtype(gc, [&](auto tag) {
+    using G = decltype(tag);
+    const G* g = gc.data_ptr<G>();
+    const float *xp = xc.data_ptr<float>(), *mp = mc.data_ptr<float>(), *rp = rc.data_ptr<float>();
+    float* d = dx.data_ptr<float>();
+    over_rows(T, D, [&](int64_t r0, int64_t r1) {
+      TRASC_LAYER_AVX512(hstu::detail::avx512_ln_cast_bwd(!std::is_same_v<G, float>, g, xp, mp, rp, r0, r1, D, d))
+      ln_cast_bwd(g, xp, mp, rp, r0, r1, D, d);
+    });
+  });
+  return dx;
+}
+
 void bind_hstu_layer(pybind11::module& m) {
+  m.def("hstu_ln_cast", &hstu_ln_cast,
+        "(y, mean, rstd): y = LayerNorm(x) of fp32 rows (no affine, eps 1e-6) written in dtype (fp32 / bf16)");
+  m.def("hstu_ln_cast_bwd", &hstu_ln_cast_bwd, "dx (fp32) of hstu_ln_cast from dy (fp32 / bf16)");
   m.def("hstu_silu_split", &hstu_silu_split, "u, v, q, k = split(silu(h), widths) as contiguous tensors (fused)");
   m.def("hstu_silu_split_bwd", &hstu_silu_split_bwd, "dh of hstu_silu_split from (du, dv, dq, dk) and h");
   m.def("hstu_norm_gate", &hstu_norm_gate,

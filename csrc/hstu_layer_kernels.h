@@ -44,6 +44,11 @@ void avx512_norm_gate_bwd(bool is_bf16, const void* dy, const void* attn, const 
                           const float* rstd, int64_t r0, int64_t r1, int64_t D, const LayerDropout& drop, void* dattn,
                           void* du);
 void avx512_dropout(bool is_bf16, const void* x, int64_t r0, int64_t r1, int64_t D, const LayerDropout& drop, void* y);
+// fp32 x -> y = LayerNorm(x) (no affine, eps 1e-6) in y's type; its backward: dx (fp32) from dy
+void avx512_ln_cast(bool is_bf16, const float* x, int64_t r0, int64_t r1, int64_t D, void* y, float* mean,
+                    float* rstd);
+void avx512_ln_cast_bwd(bool is_bf16, const void* dy, const float* x, const float* mean, const float* rstd, int64_t r0,
+                        int64_t r1, int64_t D, float* dx);
 #endif
 }  // namespace detail
 

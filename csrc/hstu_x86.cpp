@@ -1026,6 +1026,55 @@ void avx512_dropout(bool bf, const void* x, int64_t r0, int64_t r1, int64_t D, c
   }
 }
 
+void avx512_ln_cast(bool bf, const float* x, int64_t r0, int64_t r1, int64_t D, void* y, float* mean, float* rstd) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * D;
+    __m512 s = _mm512_setzero_ps();
+    for (int64_t c = 0; c < D; c += 16) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(first_lanes(D - c), xr + c));
+    const float m = _mm512_reduce_add_ps(s) / static_cast<float>(D);
+    const __m512 mv = _mm512_set1_ps(m);
+    __m512 ss = _mm512_setzero_ps();
+    for (int64_t c = 0; c < D; c += 16) {
+      const __mmask16 k = first_lanes(D - c);
+      const __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, xr + c), mv);
+      ss = _mm512_fmadd_ps(d, d, ss);
+    }
+    const float rs = 1.0f / std::sqrt(_mm512_reduce_add_ps(ss) / static_cast<float>(D) + 1e-6f);
+    mean[r] = m;
+    rstd[r] = rs;
+    const __m512 rv = _mm512_set1_ps(rs);
+    for (int64_t c = 0; c < D; c += 16) {
+      const __mmask16 k = first_lanes(D - c);
+      store16(bf, y, r * D + c, k, _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, xr + c), mv), rv));
+    }
+  }
+}
+
+void avx512_ln_cast_bwd(bool bf, const void* dy, const float* x, const float* mean, const float* rstd, int64_t r0,
+                        int64_t r1, int64_t D, float* dx) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * D;
+    const __m512 mv = _mm512_set1_ps(mean[r]), rv = _mm512_set1_ps(rstd[r]);
+    __m512 sd = _mm512_setzero_ps(), sdx = _mm512_setzero_ps();
+    for (int64_t c = 0; c < D; c += 16) {
+      const __mmask16 k = first_lanes(D - c);
+      const __m512 g = load16(bf, dy, r * D + c, k);
+      const __m512 xh = _mm512_maskz_mul_ps(k, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, xr + c), mv), rv);
+      sd = _mm512_add_ps(sd, g);
+      sdx = _mm512_fmadd_ps(g, xh, sdx);
+    }
+    const __m512 md = _mm512_set1_ps(_mm512_reduce_add_ps(sd) / static_cast<float>(D));
+    const __m512 mdx = _mm512_set1_ps(_mm512_reduce_add_ps(sdx) / static_cast<float>(D));
+    for (int64_t c = 0; c < D; c += 16) {
+      const __mmask16 k = first_lanes(D - c);
+      const __m512 g = load16(bf, dy, r * D + c, k);
+      const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, xr + c), mv), rv);
+      _mm512_mask_storeu_ps(dx + r * D + c, k,
+                            _mm512_mul_ps(rv, _mm512_sub_ps(_mm512_sub_ps(g, md), _mm512_mul_ps(xh, mdx))));
+    }
+  }
+}
+
 }  // namespace detail
 
 namespace detail {

@@ -119,12 +119,43 @@ def test_dropout_distribution_and_backward(dtype):
     assert hstu_fused.dropout(x, p, training=False) is x
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T, D", [(0, 8), (1, 16), (33, 40), (70, 512), (5, 7)])
+def test_layer_norm_of_fp32_rows_in_the_compute_dtype_matches_float64(dtype, T, D):
+    """fp32 rows (offset and scaled: a cancelling mean) -> LayerNorm written in ``dtype``: within
+    one rounding to ``dtype`` of the float64 LayerNorm; the fp32 gradient from a ``dtype`` one
+    within fp32 accuracy of float64 autograd's on that same gradient."""
+    x = (_rand(T, D, dtype=torch.float32, seed=T + D) * 3 + 5).requires_grad_()
+    y = hstu_fused.layer_norm(x, dtype)
+    assert y.dtype == dtype and y.shape == (T, D)
+    x64 = x.detach().double().requires_grad_()
+    want = F.layer_norm(x64, (D,), eps=1e-6)
+    rounding = 2 ** -8 if dtype == torch.bfloat16 else 1e-6
+    assert ((y.detach().double() - want).abs() <= rounding * want.abs() + 1e-5).all()
+    g = _rand(T, D, dtype=dtype, seed=3)
+    y.backward(g)
+    want.backward(g.double())
+    assert x.grad.dtype == torch.float32
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_layer_norm_with_the_kernel_equals_torch_layer_norm_then_cast():
+    """In bf16 the fused result is torch's ``layer_norm(x).to(bf16)`` but for ties of the fp32
+    statistics' summation order: at most one bf16 step apart, almost everywhere equal."""
+    x = _rand(300, 512, dtype=torch.float32, seed=11) * 2 - 1
+    got = hstu_fused.layer_norm(x, torch.bfloat16)
+    ref = F.layer_norm(x, (512,), eps=1e-6).to(torch.bfloat16)
+    steps = (got.view(torch.int16).int() - ref.view(torch.int16).int()).abs()
+    assert steps.max() <= 1 and (steps == 0).float().mean() > 0.99
+
+
 def test_fallback_on_float64_is_the_torch_code():
     h = torch.randn(5, 8, dtype=torch.float64)
     parts = hstu_fused.silu_split(h, [2, 2, 2, 2])
     torch.testing.assert_close(torch.cat(parts, 1), F.silu(h))
     a, u = torch.randn(5, 8, dtype=torch.float64), torch.randn(5, 8, dtype=torch.float64)
     torch.testing.assert_close(hstu_fused.norm_gate(a, u, 0.5, training=False), u * F.layer_norm(a, (8,), eps=1e-6))
+    torch.testing.assert_close(hstu_fused.layer_norm(a, torch.float64), F.layer_norm(a, (8,), eps=1e-6))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -148,6 +179,10 @@ def test_bad_shapes_raise():
         hstu_fused.norm_gate(torch.zeros(3, 4), torch.zeros(3, 5), 0.1, True)
     with pytest.raises(ValueError, match="p: dropout probability"):
         extension.kernel("hstu_dropout")(torch.zeros(2, 2), 1.0, 0)
+    with pytest.raises(ValueError, match="x: dtype must be float32"):
+        extension.kernel("hstu_ln_cast")(torch.zeros(2, 2, dtype=torch.bfloat16), torch.bfloat16)
+    with pytest.raises(ValueError, match="dy: shape"):
+        extension.kernel("hstu_ln_cast_bwd")(torch.zeros(2, 3), torch.zeros(2, 2), torch.zeros(2), torch.zeros(2))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -157,6 +192,7 @@ def test_vector_and_plain_paths_agree(dtype):
     ext = extension.extension()
     h = _rand(45, 4 * 40, dtype=dtype, seed=7)
     a, u, g = (_rand(45, 72, dtype=dtype, seed=s) for s in (8, 9, 10))
+    x32 = _rand(45, 72, dtype=torch.float32, seed=11) + 2
     calls = {
         "silu_split": lambda: ext.hstu_silu_split(h, [40] * 4),
         "silu_split_bwd": lambda: [ext.hstu_silu_split_bwd([g[:, :40].contiguous()] * 4, h)],
@@ -164,6 +200,8 @@ def test_vector_and_plain_paths_agree(dtype):
         "norm_gate_bwd": lambda: list(ext.hstu_norm_gate_bwd(g, a, u, *ext.hstu_norm_gate(a, u, 0.3, 12345)[1:],
                                                               0.3, 12345)),
         "dropout": lambda: [ext.hstu_dropout(u, 0.4, 99)],
+        "ln_cast": lambda: list(ext.hstu_ln_cast(x32, dtype)),
+        "ln_cast_bwd": lambda: [ext.hstu_ln_cast_bwd(g, x32, *ext.hstu_ln_cast(x32, dtype)[1:])],
     }
     old = ext._set_isa_cap(2)
     try:

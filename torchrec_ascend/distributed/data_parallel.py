@@ -138,6 +138,12 @@ class SumDataParallelWrapper:
 
         if isinstance(dmp._dmp_wrapped_module, DistributedDataParallel):
             return
+        pg = env.process_group
+        if not dist.is_initialized() or dist.get_world_size(pg) == 1:
+            # one rank: nothing to sum (DDP would only copy every gradient into its buckets); the
+            # dense part still goes to the device, as DDP's wrapping would have put it
+            dmp._dmp_wrapped_module.to(device)
+            return
         ignore = set(DistributedModelParallel._sharded_parameter_names(dmp._dmp_wrapped_module))
         if not set(dict(dmp.named_parameters())) - ignore:
             return

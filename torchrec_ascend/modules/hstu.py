@@ -27,7 +27,8 @@ parameters, eps 1e-6)::
     u, v, q, k = split(silu(LN(x) @ W_uvqk))                       # one bias-free projection
     a_i = sum_j valid(i, j) * silu(alpha * q_i . k_j + rab(i, j)) / N * v_j   # per head
     x'  = Linear(dropout(u * LN(a))) + x
-    (silu + split and dropout(u * LN(a)) fused on CPU: modules/hstu_fused.py)
+    (LN(x) with its cast to the compute dtype, silu + split and dropout(u * LN(a)) fused on CPU:
+    modules/hstu_fused.py)
 
 ``rab(i, j) = pos_w[max_seq_len - 1 + j - i] + ts_w[bucket(ts[i + 1] - ts[j])]`` with
 ``bucket(dt) = clamp(floor(ln(max(|dt|, 1)) / 0.301), 0, num_time_buckets)`` (learned per layer);
@@ -72,13 +73,7 @@ __all__ = [
 ]
 
 _EPS = 1e-6
-_HALF = (torch.float16, torch.bfloat16)
 
-
-def _layer_norm(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """Affine-free LayerNorm over the last ``dim`` columns, computed (and returned) in fp32 for
-    half inputs (under autocast the matmuls run in bf16; the norms stay fp32)."""
-    return F.layer_norm(x.float() if x.dtype in _HALF else x, (dim,), eps=_EPS)
 
 
 def _unpack(values: object, offsets: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -230,9 +225,12 @@ class HSTUBlock(nn.Module):
             raise ValueError(f"x: expected [T, {self.embedding_dim}], got {tuple(x.shape)}")
         T, H = x.shape[0], self.num_heads
         dv, dqk = self.linear_dim, self.attention_dim
-        # silu + split into contiguous u, v, q, k; dropout(u * LN(attn)): fused on CPU
-        # (modules/hstu_fused.py), the same torch ops elsewhere
-        h = project(_layer_norm(x, self.embedding_dim), self.uvqk)  # modules/projection.py
+        # fused on CPU (modules/hstu_fused.py), the same torch ops elsewhere: the pre-norm written
+        # in the dtype the projection multiplies in (bf16 under autocast; statistics in fp32),
+        # silu + split into contiguous u, v, q, k, and dropout(u * LN(attn))
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        h = project(hstu_fused.layer_norm(x, dtype), self.uvqk)  # modules/projection.py
         u, v, q, k = hstu_fused.silu_split(h, [H * dv, H * dv, H * dqk, H * dqk])
         bias = (self.relative_bias.attention_kwargs(timestamps, h.dtype)
                 if self.relative_bias is not None else {})

@@ -6,7 +6,11 @@ built): same semantics, fewer passes over memory.
   silu tensor; the attention's q, k, v need no copies);
 * :func:`norm_gate`: ``dropout(u * LayerNorm(attn))`` (affine-free, eps 1e-6, statistics in fp32)
   in one pass, in ``u``'s dtype;
-* :func:`dropout`: ``x * mask / (1 - p)``.
+* :func:`dropout`: ``x * mask / (1 - p)``;
+* :func:`layer_norm`: the affine-free LayerNorm (eps 1e-6) of fp32 rows written in the compute
+  dtype -- under bf16 autocast the pre-norm of the fp32 residual stream and its cast to bf16 in one
+  pass each way (forward: no fp32 normalised tensor then a cast; backward: no cast of the bf16
+  gradient to fp32 before LayerNorm's backward).
 
 Dropout masks come from a counter-based hash of a seed and the element's index (the backward
 regenerates them); the seed is drawn from torch's default generator, so ``torch.manual_seed``
@@ -24,7 +28,7 @@ import torch.nn.functional as F
 
 from ..ops import extension
 
-__all__ = ["silu_split", "norm_gate", "dropout", "fused_available"]
+__all__ = ["silu_split", "norm_gate", "dropout", "layer_norm", "fused_available"]
 
 _EPS = 1e-6
 _DTYPES = (torch.float32, torch.bfloat16)
@@ -136,3 +140,27 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     if not fused_available(x):
         return x * _mask_factor(x.shape[0], x.shape[1], float(p), seed, x.device, x.dtype)
     return _Dropout.apply(x, float(p), seed)
+
+
+class _LayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dtype: torch.dtype):
+        y, mean, rstd = extension.kernel("hstu_ln_cast")(x, dtype)
+        ctx.save_for_backward(x, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, mean, rstd = ctx.saved_tensors
+        return extension.kernel("hstu_ln_cast_bwd")(dy.contiguous(), x, mean, rstd), None
+
+
+def layer_norm(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``LayerNorm(x)`` over the last dimension (no affine, eps 1e-6), statistics in fp32 (half
+    inputs are widened first), the result in ``dtype``; ``x``: ``[T, D]``."""
+    if x.dim() != 2:
+        raise ValueError(f"x: expected [T, D], got {tuple(x.shape)}")
+    if x.dtype == torch.float32 and dtype in _DTYPES and fused_available(x):
+        return _LayerNorm.apply(x, dtype)
+    widened = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    return F.layer_norm(widened, (x.shape[1],), eps=_EPS).to(dtype)
