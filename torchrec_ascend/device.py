@@ -52,6 +52,8 @@ __all__ = [
     "gemm_capability",
     "fastest_gemm_dtype",
     "gemm_dtype_is_fast",
+    "GEMM_ROW_MULTIPLE",
+    "gemm_row_multiple",
     "process_group_backend",
 ]
 
@@ -381,6 +383,22 @@ def gemm_dtype_is_fast(dtype: Union[str, torch.dtype], device: DeviceLike = None
     if dtype not in cap.gflops:
         return False
     return choose_gemm_dtype({torch.float32: cap.gflops[torch.float32], dtype: cap.gflops[dtype]}) == dtype
+# On the CPU, oneDNN builds (JIT-compiles) a bf16 / fp16 matmul primitive for every new problem
+# shape and caches it by shape: 1-12 ms per build (ONEDNN_VERBOSE=2; 2-core Xeon with AMX), while
+# fp32 GEMMs take a path with no per-shape build.  A jagged batch's token count changes every step,
+# so the callers whose GEMMs have a token dimension pad it to a multiple of this and the shapes
+# repeat (modules/row_padding.py, sampling/quant.py).
+GEMM_ROW_MULTIPLE = 64
+
+
+def gemm_row_multiple(device: DeviceLike, dtype: torch.dtype) -> int:
+    """The multiple a GEMM's varying dimension (tokens) is padded to on ``device`` in ``dtype``:
+    :data:`GEMM_ROW_MULTIPLE` for bf16 / fp16 on the CPU, else 1 (no padding)."""
+    if _as_type(device) == "cpu" and dtype in (torch.bfloat16, torch.float16):
+        return GEMM_ROW_MULTIPLE
+    return 1
+
+
 def process_group_backend(device: DeviceLike = None) -> str:
     """``init_process_group`` backend for the device: ``gloo`` on cpu; on npu / cuda gloo for
     cpu tensors beside HCCL / NCCL for device tensors (``cpu:gloo,npu:hccl``).  A device type

@@ -150,14 +150,16 @@ class SequenceHead(nn.Module):
         """Item embeddings ``[T, D]`` (+ actions) -> unit-norm sequence embeddings ``[T, D]``
         (in ``item_emb``'s dtype; computed in ``compute_dtype`` under autocast)."""
         x = item_emb[:, :self.embedding_dim]
+        if self.action_proj is not None:
+            # in fp32 even under mixed precision: an [T, 8] @ [8, D] product costs nothing there,
+            # while in bf16 on the CPU every new T would build a oneDNN primitive (device.py)
+            x = x + self.action_proj(action_features(actions).to(x.dtype))
         mixed = self.compute_dtype != torch.float32
         # no autocast object at all in fp32: its constructor rejects devices without AMP
         # support (the simulated npu) even when disabled
         amp = (torch.autocast(x.device.type, dtype=self.compute_dtype) if mixed
                else contextlib.nullcontext())
         with amp:
-            if self.action_proj is not None:
-                x = x + self.action_proj(action_features(actions))
             out = self.encoder(x, offsets, timestamps)
         return out.to(item_emb.dtype) if mixed else out
 

@@ -62,6 +62,7 @@ from torch import nn
 from ..ops import hstu as hstu_ops
 from . import hstu_fused
 from .projection import project
+from .row_padding import pad_jagged, row_multiple
 
 __all__ = [
     "HSTUEncoder",
@@ -273,10 +274,13 @@ class HSTUStack(nn.Module):
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor, timestamps: Optional[torch.Tensor] = None,
                 num_targets: Optional[torch.Tensor] = None, validate: bool = True) -> torch.Tensor:
-        """``x [T, D]`` -> ``[T, D]``; inputs are validated once (by the first layer)."""
+        """``x [T, D]`` -> ``[T, D]``; inputs are validated once (by the first layer).  On the
+        CPU in half precision the batch runs with padding rows (modules/row_padding.py)."""
+        b = pad_jagged(x, offsets, timestamps, num_targets, row_multiple(x), self.layers[0].max_seq_len)
+        x = b.x
         for i, layer in enumerate(self.layers):
-            x = layer(x, offsets, timestamps, num_targets, validate=validate and i == 0)
-        return x
+            x = layer(x, b.offsets, b.timestamps, b.num_targets, validate=validate and i == 0)
+        return x[:b.rows]
 
 
 class HSTUEncoder(nn.Module):

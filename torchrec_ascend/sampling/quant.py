@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 
 from .. import device as _device
 
@@ -178,6 +179,11 @@ class HalfLogits(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: torch.Tensor, n: torch.Tensor, dtype: torch.dtype,
                 per_row_scale: Union[bool, str], compute: str) -> torch.Tensor:
+        # the query rows (their count changes every step) padded with zero rows where the GEMMs
+        # would otherwise be new shapes for the device's primitive cache (device.gemm_row_multiple)
+        rows = q.shape[0]
+        ctx.rows = rows
+        q = F.pad(q, (0, 0, 0, -rows % _device.gemm_row_multiple(q.device, dtype)))
         qq = quantize_rows(q, dtype, per_row_scale)
         nq = quantize_rows(n, dtype, per_row_scale)
         ctx.dtype, ctx.per_row_scale, ctx.compute = dtype, per_row_scale, compute
@@ -186,21 +192,21 @@ class HalfLogits(torch.autograd.Function):
         ctx.save_for_backward(qq.data, nq.data,
                               *(s if s is not None else torch.empty(0) for s in (qq.scale, nq.scale)))
         ctx.has_scale = (qq.scale is not None, nq.scale is not None)
-        return half_mm(qq, nq, compute=compute)
+        return half_mm(qq, nq, compute=compute)[:rows]
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
         qd, nd, qs, ns = ctx.saved_tensors
         qq = QuantizedRows(qd, qs if ctx.has_scale[0] else None)
         nq = QuantizedRows(nd, ns if ctx.has_scale[1] else None)
-        grad = grad.float()
+        grad = F.pad(grad.float(), (0, 0, 0, qd.shape[0] - ctx.rows))  # the forward's padding
         gq_out = gn_out = None
         if ctx.needs_input_grad[0]:
             # dQ = G @ N_deq = (G * sn) @ Nd: fold n's column scales into G, then quantize G rows
             g = grad if nq.scale is None else grad * nq.scale[None, :]
             gq = quantize_rows(g, ctx.dtype, ctx.per_row_scale)
             gq_out = half_mm(gq, QuantizedRows(nq.data, None), transpose_b=False,
-                             compute=ctx.compute).to(ctx.q_dtype)
+                             compute=ctx.compute)[:ctx.rows].to(ctx.q_dtype)
         if ctx.needs_input_grad[1]:
             # dN = G.T @ Q_deq = (G.T * sq) @ Qd
             gt = grad.t() if qq.scale is None else grad.t() * qq.scale[None, :]
