@@ -108,6 +108,7 @@ void over_rows(int64_t rows, int64_t cols, F&& f) {
 // Row-range bodies (templates, inlined into the per-dtype functions below, which GCC clones for
 // AVX-512 and AVX2 and picks at load time; the extension itself is built for the baseline ISA).
 #define TRA_LAYER_VECTOR __attribute__((target_clones("avx512f", "avx2", "default"), optimize("no-trapping-math")))
+#define TRA_LAYER_VECTOR2 __attribute__((target_clones("avx512f", "avx2", "default")))
 
 // ------------------------------------------------------------------------- silu + split
 
@@ -528,7 +529,48 @@ at::Tensor hstu_ln_cast_bwd(const at::Tensor& dy, const at::Tensor& x, const at:
   return dx;
 }
 
+namespace {
+// dst[c, r] = src[r, c] over rows [r0, r1), in 32 x 32 blocks (both sides' lines stay in L1)
+template <typename E>
+TRA_LAYER_VECTOR2 void transpose_rows(const E* src, int64_t R, int64_t C, int64_t r0, int64_t r1, E* dst) {
+  constexpr int64_t kB = 32;
+  for (int64_t rb = r0; rb < r1; rb += kB) {
+    const int64_t re = std::min(rb + kB, r1);
+    for (int64_t cb = 0; cb < C; cb += kB) {
+      const int64_t ce = std::min(cb + kB, C);
+      for (int64_t c = cb; c < ce; ++c)
+        for (int64_t r = rb; r < re; ++r) dst[c * R + r] = src[r * C + c];
+    }
+  }
+}
+}  // namespace
+
+at::Tensor hstu_transpose(const at::Tensor& x) {
+  TORCH_CHECK_VALUE(x.device().is_cpu() && x.dim() == 2, "x: expected a 2-D CPU tensor, got ", x.sizes(), " on ",
+                    x.device());
+  TORCH_CHECK_VALUE(x.element_size() == 2 || x.element_size() == 4, "x: element size must be 2 or 4 bytes, got ",
+                    x.element_size(), " (", x.scalar_type(), ")");
+  at::Tensor xc = x.contiguous();
+  const int64_t R = xc.size(0), C = xc.size(1);
+  at::Tensor y = at::empty({C, R}, xc.options());
+  if (xc.numel() == 0) return y;
+  // row ranges of the source (whole 32-row blocks: the AVX-512 body pairs rows from an even start)
+  const int64_t blocks = (R + 31) / 32;
+  over_rows(blocks, 32 * C, [&](int64_t b0, int64_t b1) {
+    const int64_t r0 = b0 * 32, r1 = std::min(R, b1 * 32);
+    if (xc.element_size() == 2) {
+      const uint16_t* sp = static_cast<const uint16_t*>(xc.data_ptr());
+      uint16_t* dp = static_cast<uint16_t*>(y.data_ptr());
+      TRASC_LAYER_AVX512(hstu::detail::avx512_transpose16(sp, R, C, r0, r1, dp))
+      transpose_rows(sp, R, C, r0, r1, dp);
+    } else
+      transpose_rows(static_cast<const uint32_t*>(xc.data_ptr()), R, C, r0, r1, static_cast<uint32_t*>(y.data_ptr()));
+  });
+  return y;
+}
+
 void bind_hstu_layer(pybind11::module& m) {
+  m.def("hstu_transpose", &hstu_transpose, "x^T as a contiguous tensor (2- or 4-byte elements), blocked");
   m.def("hstu_ln_cast", &hstu_ln_cast,
         "(y, mean, rstd): y = LayerNorm(x) of fp32 rows (no affine, eps 1e-6) written in dtype (fp32 / bf16)");
   m.def("hstu_ln_cast_bwd", &hstu_ln_cast_bwd, "dx (fp32) of hstu_ln_cast from dy (fp32 / bf16)");

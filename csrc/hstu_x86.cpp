@@ -1026,6 +1026,29 @@ void avx512_dropout(bool bf, const void* x, int64_t r0, int64_t r1, int64_t D, c
   }
 }
 
+// 32 source rows x 16 columns per step: row pairs interleaved into 32-bit words (word c of pair p
+// = (x[2p, c], x[2p + 1, c])), the 16 x 16 words transposed: row c of the result is then the 32
+// destination elements dst[c, rb .. rb + 32) in order
+void avx512_transpose16(const uint16_t* src, int64_t R, int64_t C, int64_t r0, int64_t r1, uint16_t* dst) {
+  for (int64_t rb = r0; rb < r1; rb += 32) {
+    const int64_t rows = std::min<int64_t>(32, r1 - rb);
+    const __mmask32 out_k = first_halves(rows);
+    for (int64_t cb = 0; cb < C; cb += 16) {
+      const __mmask16 in_k = first_lanes(C - cb);
+      __m512i w[16];
+      for (int p = 0; p < 16; ++p) {
+        const int64_t ra = rb + 2 * p, rc = ra + 1;
+        const __m256i a = ra < rb + rows ? _mm256_maskz_loadu_epi16(in_k, src + ra * C + cb) : _mm256_setzero_si256();
+        const __m256i b = rc < rb + rows ? _mm256_maskz_loadu_epi16(in_k, src + rc * C + cb) : _mm256_setzero_si256();
+        w[p] = _mm512_or_si512(_mm512_cvtepu16_epi32(a), _mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+      }
+      transpose16x16_epi32(w);
+      const int64_t cols = std::min<int64_t>(16, C - cb);
+      for (int64_t c = 0; c < cols; ++c) _mm512_mask_storeu_epi16(dst + (cb + c) * R + rb, out_k, w[c]);
+    }
+  }
+}
+
 void avx512_ln_cast(bool bf, const float* x, int64_t r0, int64_t r1, int64_t D, void* y, float* mean, float* rstd) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * D;

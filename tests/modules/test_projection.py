@@ -63,3 +63,26 @@ def test_layout_choice_and_errors():
         project(torch.zeros(3, 4), torch.zeros(5, 6))
     with pytest.raises(ValueError, match="outside autocast they must agree"):
         project(torch.zeros(3, 4), torch.zeros(4, 6, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("rows, cols", [(0, 5), (1, 1), (1, 17), (31, 15), (33, 16), (64, 512), (70, 130)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.int32])
+@pytest.mark.parametrize("isa_cap", [2, 0])
+def test_transposed_copy_is_torchs_transpose(rows, cols, dtype, isa_cap):
+    """The blocked kernel (AVX-512 body: 32-row blocks in 16-column steps; the plain loops with
+    the ISA capped), odd and partial edges, against torch's strided copy, bit for bit."""
+    from torchrec_ascend.modules.projection import transposed_copy
+    from torchrec_ascend.ops import extension
+
+    x = (torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows * 131 + cols)) * 100).to(dtype)
+    ext = extension.extension()
+    old = ext._set_isa_cap(isa_cap) if ext is not None else None
+    try:
+        y = transposed_copy(x)
+        odd = transposed_copy(x[:, ::2])  # a non-contiguous input
+    finally:
+        if ext is not None:
+            ext._set_isa_cap(old)
+    assert y.is_contiguous() and y.dtype == dtype
+    assert torch.equal(y, x.t().contiguous())
+    assert torch.equal(odd, x[:, ::2].t().contiguous())
