@@ -98,8 +98,8 @@ def _projections(enc, offsets: torch.Tensor, dtype: torch.dtype,
 
     def run() -> None:
         for _ in range(enc.num_layers):
-            project(x, w1).backward(g1)  # as HSTUBlock multiplies it
-            (a @ w2).backward(g2)
+            project(x, w1).backward(g1)  # as HSTUBlock multiplies them
+            project(a, w2).backward(g2)
     return run
 
 

@@ -14,6 +14,9 @@
 //                                           written in dtype: under bf16 autocast the pre-norm of
 //                                           the residual stream and its cast, in one pass
 //   hstu_ln_cast_bwd(dy, x, mean, rstd) -> dx (fp32)
+//   hstu_residual_add(x, o, bias) -> y       y = x + o + bias: the fp32 residual stream plus a
+//                                           projection's output in the compute dtype, one pass
+//   hstu_transpose(x) -> x^T                 contiguous, 2- or 4-byte elements, blocked
 //
 // Dropout masks come from a counter-based hash of (seed, element index) (murmur3's finalizer):
 // the backward regenerates the mask instead of storing it, and the forward does not draw one
@@ -530,6 +533,23 @@ at::Tensor hstu_ln_cast_bwd(const at::Tensor& dy, const at::Tensor& x, const at:
 }
 
 namespace {
+// y = x + o + b over rows [r0, r1): the fp32 residual plus a projection's output (its dtype) and
+// the fp32 bias (b may be null)
+template <typename O>
+TRA_LAYER_VECTOR2 void residual_add_rows(const float* x, const O* o, const float* b, int64_t r0, int64_t r1,
+                                         int64_t D, float* y) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * D;
+    const O* orow = o + r * D;
+    float* yr = y + r * D;
+    if (b) {
+      for (int64_t c = 0; c < D; ++c) yr[c] = xr[c] + (to_f(orow[c]) + b[c]);
+    } else {
+      for (int64_t c = 0; c < D; ++c) yr[c] = xr[c] + to_f(orow[c]);
+    }
+  }
+}
+
 // dst[c, r] = src[r, c] over rows [r0, r1), in 32 x 32 blocks (both sides' lines stay in L1)
 template <typename E>
 TRA_LAYER_VECTOR2 void transpose_rows(const E* src, int64_t R, int64_t C, int64_t r0, int64_t r1, E* dst) {
@@ -569,7 +589,33 @@ at::Tensor hstu_transpose(const at::Tensor& x) {
   return y;
 }
 
+at::Tensor hstu_residual_add(const at::Tensor& x, const at::Tensor& o, const c10::optional<at::Tensor>& bias) {
+  check_2d("x", x);
+  check_2d("o", o);
+  TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat, "x: dtype must be float32, got ", x.scalar_type());
+  TORCH_CHECK_VALUE(o.sizes() == x.sizes(), "o: shape ", o.sizes(), " must equal x's ", x.sizes());
+  at::Tensor xc = x.contiguous(), oc = o.contiguous(), bc;
+  const int64_t T = xc.size(0), D = xc.size(1);
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK_VALUE(bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->size(0) == D,
+                      "bias: expected float32 [", D, "], got ", bias->scalar_type(), " ", bias->sizes());
+    bc = bias->contiguous();
+  }
+  at::Tensor y = at::empty_like(xc);
+  const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;
+  by_dtype(oc, [&](auto tag) {
+    using O = decltype(tag);
+    const float* xp = xc.data_ptr<float>();
+    const O* op = oc.data_ptr<O>();
+    float* yp = y.data_ptr<float>();
+    over_rows(T, D, [&](int64_t r0, int64_t r1) { residual_add_rows(xp, op, bp, r0, r1, D, yp); });
+  });
+  return y;
+}
+
 void bind_hstu_layer(pybind11::module& m) {
+  m.def("hstu_residual_add", &hstu_residual_add, "x + o + bias (fp32 x and bias, o fp32 / bf16) -> fp32, one pass",
+        pybind11::arg("x"), pybind11::arg("o"), pybind11::arg("bias") = pybind11::none());
   m.def("hstu_transpose", &hstu_transpose, "x^T as a contiguous tensor (2- or 4-byte elements), blocked");
   m.def("hstu_ln_cast", &hstu_ln_cast,
         "(y, mean, rstd): y = LayerNorm(x) of fp32 rows (no affine, eps 1e-6) written in dtype (fp32 / bf16)");

@@ -149,6 +149,27 @@ def test_layer_norm_with_the_kernel_equals_torch_layer_norm_then_cast():
     assert steps.max() <= 1 and (steps == 0).float().mean() > 0.99
 
 
+@pytest.mark.parametrize("o_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("T, D", [(0, 8), (1, 16), (37, 40), (70, 512), (3, 7)])
+def test_residual_add_matches_float64(o_dtype, with_bias, T, D):
+    """x + (o + bias) in fp32 from an fp32 residual, a projection output in o_dtype and an fp32
+    bias; gradients: x gets dy, o dy in its dtype, bias the column sums."""
+    x = _rand(T, D, dtype=torch.float32, seed=T).requires_grad_()
+    o = _rand(T, D, dtype=o_dtype, seed=T + 1).requires_grad_()
+    b = _rand(D, dtype=torch.float32, seed=T + 2).requires_grad_() if with_bias else None
+    y = hstu_fused.residual_add(x, o, b)
+    assert y.dtype == torch.float32 and y.shape == (T, D)
+    want = x.detach().double() + o.detach().double() + (b.detach().double() if with_bias else 0)
+    torch.testing.assert_close(y.detach().double(), want, rtol=1e-6, atol=1e-6)
+    g = _rand(T, D, dtype=torch.float32, seed=T + 3)
+    y.backward(g)
+    assert torch.equal(x.grad, g)
+    assert o.grad.dtype == o_dtype and torch.equal(o.grad, g.to(o_dtype))
+    if with_bias:
+        torch.testing.assert_close(b.grad.double(), g.double().sum(0), rtol=1e-5, atol=1e-5)
+
+
 def test_fallback_on_float64_is_the_torch_code():
     h = torch.randn(5, 8, dtype=torch.float64)
     parts = hstu_fused.silu_split(h, [2, 2, 2, 2])
@@ -156,6 +177,8 @@ def test_fallback_on_float64_is_the_torch_code():
     a, u = torch.randn(5, 8, dtype=torch.float64), torch.randn(5, 8, dtype=torch.float64)
     torch.testing.assert_close(hstu_fused.norm_gate(a, u, 0.5, training=False), u * F.layer_norm(a, (8,), eps=1e-6))
     torch.testing.assert_close(hstu_fused.layer_norm(a, torch.float64), F.layer_norm(a, (8,), eps=1e-6))
+    b = torch.randn(8, dtype=torch.float64)
+    torch.testing.assert_close(hstu_fused.residual_add(a, u, b), a + u + b)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -181,6 +204,10 @@ def test_bad_shapes_raise():
         extension.kernel("hstu_dropout")(torch.zeros(2, 2), 1.0, 0)
     with pytest.raises(ValueError, match="x: dtype must be float32"):
         extension.kernel("hstu_ln_cast")(torch.zeros(2, 2, dtype=torch.bfloat16), torch.bfloat16)
+    with pytest.raises(ValueError, match="x, o"):
+        hstu_fused.residual_add(torch.zeros(3, 4), torch.zeros(3, 5))
+    with pytest.raises(ValueError, match="bias: expected float32"):
+        extension.kernel("hstu_residual_add")(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(4))
     with pytest.raises(ValueError, match="dy: shape"):
         extension.kernel("hstu_ln_cast_bwd")(torch.zeros(2, 3), torch.zeros(2, 2), torch.zeros(2), torch.zeros(2))
 

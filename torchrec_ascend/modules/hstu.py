@@ -27,8 +27,8 @@ parameters, eps 1e-6)::
     u, v, q, k = split(silu(LN(x) @ W_uvqk))                       # one bias-free projection
     a_i = sum_j valid(i, j) * silu(alpha * q_i . k_j + rab(i, j)) / N * v_j   # per head
     x'  = Linear(dropout(u * LN(a))) + x
-    (LN(x) with its cast to the compute dtype, silu + split and dropout(u * LN(a)) fused on CPU:
-    modules/hstu_fused.py)
+    (LN(x) with its cast to the compute dtype, silu + split, dropout(u * LN(a)) and the residual
+    with the output bias fused on CPU: modules/hstu_fused.py)
 
 ``rab(i, j) = pos_w[max_seq_len - 1 + j - i] + ts_w[bucket(ts[i + 1] - ts[j])]`` with
 ``bucket(dt) = clamp(floor(ln(max(|dt|, 1)) / 0.301), 0, num_time_buckets)`` (learned per layer);
@@ -241,7 +241,10 @@ class HSTUBlock(nn.Module):
             num_targets=num_targets, contextual_seq_len=self.contextual_seq_len,
             validate=validate, **bias,
         ).reshape(T, H * dv)
-        return self.output(hstu_fused.norm_gate(attn, u, self.dropout.p, self.training)) + x
+        # the output projection through project() too (its weight gradient on a contiguous g^T),
+        # its bias and the residual added in fp32 in one pass
+        o = project(hstu_fused.norm_gate(attn, u, self.dropout.p, self.training), self.output.weight.t())
+        return hstu_fused.residual_add(x, o, self.output.bias)
 
 
 class HSTUStack(nn.Module):

@@ -10,7 +10,9 @@ built): same semantics, fewer passes over memory.
 * :func:`layer_norm`: the affine-free LayerNorm (eps 1e-6) of fp32 rows written in the compute
   dtype -- under bf16 autocast the pre-norm of the fp32 residual stream and its cast to bf16 in one
   pass each way (forward: no fp32 normalised tensor then a cast; backward: no cast of the bf16
-  gradient to fp32 before LayerNorm's backward).
+  gradient to fp32 before LayerNorm's backward);
+* :func:`residual_add`: ``x + o + bias``, the fp32 residual plus the output projection (bias
+  kept in fp32, not rounded into a bf16 GEMM), in one pass.
 
 Dropout masks come from a counter-based hash of a seed and the element's index (the backward
 regenerates them); the seed is drawn from torch's default generator, so ``torch.manual_seed``
@@ -21,14 +23,14 @@ so the masks do not depend on the device either.
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from ..ops import extension
 
-__all__ = ["silu_split", "norm_gate", "dropout", "layer_norm", "fused_available"]
+__all__ = ["silu_split", "norm_gate", "dropout", "layer_norm", "residual_add", "fused_available"]
 
 _EPS = 1e-6
 _DTYPES = (torch.float32, torch.bfloat16)
@@ -164,3 +166,28 @@ def layer_norm(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return _LayerNorm.apply(x, dtype)
     widened = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
     return F.layer_norm(widened, (x.shape[1],), eps=_EPS).to(dtype)
+
+
+class _ResidualAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, o: torch.Tensor, bias: Optional[torch.Tensor]):
+        ctx.o_dtype = o.dtype
+        ctx.has_bias = bias is not None
+        return extension.kernel("hstu_residual_add")(x, o, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        do = dy.to(ctx.o_dtype) if ctx.needs_input_grad[1] else None
+        db = dy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return dy, do, db
+
+
+def residual_add(x: torch.Tensor, o: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x + (o + bias)`` in ``x``'s dtype: ``x [T, D]`` the residual stream, ``o [T, D]`` a
+    projection's output (bf16 under autocast), ``bias [D]`` or None."""
+    if x.shape != o.shape or x.dim() != 2:
+        raise ValueError(f"x, o: expected equal [T, D] shapes, got {tuple(x.shape)} and {tuple(o.shape)}")
+    if (x.dtype == torch.float32 and (bias is None or bias.dtype == torch.float32)
+            and fused_available(x, o, *([bias] if bias is not None else []))):
+        return _ResidualAdd.apply(x, o, bias)
+    return x + (o + bias if bias is not None else o)
