@@ -15,10 +15,10 @@ import math
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
+from ..modules.l2norm import l2_normalize
 from ..metrics.flops import sasrec_forward_flops
 
 __all__ = ["SASRecEncoder"]
@@ -58,7 +58,7 @@ class SASRecEncoder(nn.Module):
         for layer in self.layers:
             h = layer(h, src_mask=causal)
         out, _ = ops.dense_to_jagged(self.norm(h), offsets, total_L=x.shape[0])
-        return F.normalize(out, dim=-1)
+        return l2_normalize(out)
 
     def flops(self, offsets: torch.Tensor, backward: bool = False) -> float:
         """Matmul FLOPs of one forward (``backward=True``: forward + backward = 3x)."""

@@ -61,6 +61,7 @@ from torch import nn
 
 from ..ops import hstu as hstu_ops
 from . import hstu_fused
+from .l2norm import l2_normalize
 from .projection import project
 from .row_padding import pad_jagged, row_multiple
 
@@ -337,7 +338,7 @@ class HSTUEncoder(nn.Module):
         x = self.stack(x, offsets, timestamps, num_targets)
         if not self.l2_normalize:
             return x
-        return x / x.norm(dim=-1, keepdim=True).clamp(min=_EPS)
+        return l2_normalize(x, _EPS)
 
     def flops(self, offsets: torch.Tensor, backward: bool = False) -> int:
         """Matmul FLOPs of one forward (``backward=True``: forward + backward = 3x) on this batch."""

@@ -32,8 +32,8 @@ from __future__ import annotations
 from typing import List, Optional, Union
 
 import torch
-import torch.nn.functional as F
 
+from ..modules.l2norm import l2_normalize
 from ..ops.validation import FLOAT_DTYPES, INDEX_DTYPES, check_same_device, check_tensor
 from .quant import COMPUTE_MODES, half_logits, resolve_half_dtype
 from .samplers import NegativeSample
@@ -148,7 +148,7 @@ class SampledSoftmaxLoss(torch.nn.Module):
                 f"reduction={self.reduction!r}")
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        return F.normalize(x.float(), dim=-1) if self.l2_normalize else x.float()
+        return l2_normalize(x.float()) if self.l2_normalize else x.float()
 
     def _neg_logits(self, q: torch.Tensor, pos_ids: torch.Tensor, s: NegativeSample,
                     emb: torch.Tensor, mask: Optional[torch.Tensor],

@@ -1,0 +1,40 @@
+"""modules/l2norm.py: l2_normalize against torch.nn.functional.normalize (value and gradient,
+float64 and fp32), rows of norm 0, under and just over eps, and torch's gradcheck."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchrec_ascend.modules.l2norm import l2_normalize
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("shape", [(0, 8), (1, 1), (37, 64), (3, 5, 7)])
+def test_value_and_gradient_equal_f_normalize(dtype, shape):
+    g = torch.Generator().manual_seed(sum(shape))
+    x0 = torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+    if x0.shape[0] > 2:  # a zero row, a row under eps, one just over it
+        x0[0] = 0
+        x0[1] = 1e-3 / x0[1].norm() * x0[1] * 0.5
+        x0[2] = 1e-3 / x0[2].norm() * x0[2] * 2.0
+    dy = torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+    a = x0.clone().requires_grad_()
+    b = x0.clone().requires_grad_()
+    ya, yb = l2_normalize(a, 1e-3), F.normalize(b, dim=-1, eps=1e-3)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ya, yb, **tol)
+    ya.backward(dy)
+    yb.backward(dy)
+    torch.testing.assert_close(a.grad, b.grad, **tol)
+
+
+def test_gradcheck():
+    x = torch.randn(6, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: l2_normalize(t, 1e-12), (x,))
+
+
+def test_scalar_refused():
+    with pytest.raises(ValueError, match="at least one dimension"):
+        l2_normalize(torch.tensor(1.0))

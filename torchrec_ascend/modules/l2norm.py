@@ -1,0 +1,40 @@
+"""Row-wise L2 normalisation with a short backward.
+
+``l2_normalize(x, eps)`` is ``x / max(||x_row||, eps)`` -- ``torch.nn.functional.normalize``'s
+value and gradient -- as one autograd function: forward = the row norms and one scaling pass;
+backward = ``(dy - y <dy, y>) / max(||x||, eps)`` in two passes (rows whose norm is at or under
+``eps`` were divided by the constant ``eps``: ``dy / eps``).  Autograd's backward of the division
+by the expanded norm takes ~6 passes over ``[rows, D]``: one thread, 2-core Xeon, ``[2350, 512]``
+fp32, forward + backward 5.2-9.3 ms (``F.normalize``) vs 2.2-2.8 ms.  The retrieval encoder's
+output and the sampled softmax's query / positive / negative rows use it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["l2_normalize"]
+
+
+class _L2Normalize(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        clamped = norm <= eps
+        inv = norm.clamp_(min=eps).reciprocal_()
+        y = x * inv
+        ctx.save_for_backward(y, inv, clamped)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):  # type: ignore[override]
+        y, inv, clamped = ctx.saved_tensors
+        s = torch.linalg.vecdot(dy, y).unsqueeze(-1).masked_fill_(clamped, 0.0)
+        return torch.addcmul(dy, y, s, value=-1.0).mul_(inv), None
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """``x`` with every row (last dimension) divided by ``max(its L2 norm, eps)``."""
+    if x.dim() == 0:
+        raise ValueError("x: expected at least one dimension")
+    return _L2Normalize.apply(x, float(eps))
