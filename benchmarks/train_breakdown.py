@@ -8,7 +8,8 @@ Two sources, both from the same run:
   inside the sparse backward), optimizer = ``optimizer`` (AdamW + clipping);
 * the dense parts timed on their own, on the batches the run really trained (their offsets are
   recorded by a forward pre-hook on the model's head), in the run's compute dtype, forward +
-  backward, with ``torch.utils.benchmark`` (``benchmarks/side_by_side.py``): **attention** (the
+  backward (``torch.autograd.grad``: no accumulation into the inputs' ``.grad``, which a training
+  step does not do either), with ``torch.utils.benchmark`` (``benchmarks/side_by_side.py``): **attention** (the
   fused ``hstu_mha`` op of every layer), **projections** (the UVQK and output matmuls of every
   layer, or for SASRec nothing: its encoder is counted in overhead), **sampled softmax** (the
   model's own loss module on the batch's queries and the shared pool).
@@ -81,7 +82,7 @@ def _attention(enc, offsets: torch.Tensor, dtype: torch.dtype, g: torch.Generato
         for _ in range(enc.num_layers):
             out = hstu_mha(q, k, v, offsets, max_seq_len=n, alpha=dqk ** -0.5, pos_w=pos_w,
                            ts_w=ts_w, timestamps=ts)
-            out.backward(grad)
+            torch.autograd.grad(out, (q, k, v, pos_w, ts_w), grad)  # no accumulation into .grad
     return run
 
 
@@ -97,9 +98,9 @@ def _projections(enc, offsets: torch.Tensor, dtype: torch.dtype,
     g2 = torch.randn(T, D, generator=g).to(dtype)
 
     def run() -> None:
-        for _ in range(enc.num_layers):
-            project(x, w1).backward(g1)  # as HSTUBlock multiplies them
-            project(a, w2).backward(g2)
+        for _ in range(enc.num_layers):  # as HSTUBlock multiplies them
+            torch.autograd.grad(project(x, w1), (x, w1), g1)
+            torch.autograd.grad(project(a, w2), (a, w2), g2)
     return run
 
 
@@ -115,7 +116,7 @@ def _softmax(head, offsets: torch.Tensor, num_negatives: int, num_items: int,
     pos_ids = torch.randint(0, num_items, (Q,), generator=g)
 
     def run() -> None:
-        head.loss_fn(query, pos_ids, pos, sample, neg).backward()
+        torch.autograd.grad(head.loss_fn(query, pos_ids, pos, sample, neg), (query, pos, neg))
     return run
 
 
