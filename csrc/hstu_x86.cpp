@@ -961,23 +961,51 @@ void avx512_silu_split_bwd(bool bf, const void* h, int64_t r0, int64_t r1, int64
   else silu_split_bwd_rows<false>(h, r0, r1, width, w4, grads, dh);
 }
 
+namespace {
+// LayerNorm (no affine, eps 1e-6) of one row of D values, 16 lanes at a time (load(c, k): columns
+// c .. c + 15, lanes outside k zero): the row's mean and 1 / sqrt(var + eps), two passes
+template <class Load>
+inline void row_moments(int64_t D, Load load, float& mean, float& rstd) {
+  __m512 s = _mm512_setzero_ps();
+  for (int64_t c = 0; c < D; c += 16) s = _mm512_add_ps(s, load(c, first_lanes(D - c)));
+  mean = _mm512_reduce_add_ps(s) / static_cast<float>(D);
+  const __m512 mv = _mm512_set1_ps(mean);
+  __m512 ss = _mm512_setzero_ps();
+  for (int64_t c = 0; c < D; c += 16) {
+    const __mmask16 k = first_lanes(D - c);
+    const __m512 x = _mm512_maskz_sub_ps(k, load(c, k), mv);
+    ss = _mm512_fmadd_ps(x, x, ss);
+  }
+  rstd = 1.0f / std::sqrt(_mm512_reduce_add_ps(ss) / static_cast<float>(D) + 1e-6f);
+}
+
+// LayerNorm's backward of one row: dx = rstd (g - mean(g) - xh mean(g xh)) from xh(c, k) (the
+// normalised values, zero outside k) and g, the gradient w.r.t. them: first(c, k, xh) in the pass
+// that sums (it may store other outputs), again(c, k) in the pass that writes out(c, k, dx)
+template <class XH, class First, class Again, class Out>
+inline void layer_norm_bwd_row(int64_t D, __m512 rv, XH xh_of, First first, Again again, Out out) {
+  __m512 sd = _mm512_setzero_ps(), sdx = _mm512_setzero_ps();
+  for (int64_t c = 0; c < D; c += 16) {
+    const __mmask16 k = first_lanes(D - c);
+    const __m512 xh = xh_of(c, k);
+    const __m512 g = first(c, k, xh);
+    sd = _mm512_add_ps(sd, g);
+    sdx = _mm512_fmadd_ps(g, xh, sdx);
+  }
+  const __m512 md = _mm512_set1_ps(_mm512_reduce_add_ps(sd) / static_cast<float>(D));
+  const __m512 mdx = _mm512_set1_ps(_mm512_reduce_add_ps(sdx) / static_cast<float>(D));
+  for (int64_t c = 0; c < D; c += 16) {
+    const __mmask16 k = first_lanes(D - c);
+    out(c, k, _mm512_mul_ps(rv, _mm512_sub_ps(_mm512_sub_ps(again(c, k), md), _mm512_mul_ps(xh_of(c, k), mdx))));
+  }
+}
+}  // namespace
+
 void avx512_norm_gate(bool bf, const void* attn, const void* u, int64_t r0, int64_t r1, int64_t D,
                       const LayerDropout& drop, void* y, float* mean, float* rstd) {
   for (int64_t r = r0; r < r1; ++r) {
-    __m512 s = _mm512_setzero_ps();
-    for (int64_t c = 0; c < D; c += 16) s = _mm512_add_ps(s, load16(bf, attn, r * D + c, first_lanes(D - c)));
-    const float m = _mm512_reduce_add_ps(s) / static_cast<float>(D);
-    const __m512 mv = _mm512_set1_ps(m);
-    __m512 ss = _mm512_setzero_ps();
-    for (int64_t c = 0; c < D; c += 16) {
-      const __mmask16 k = first_lanes(D - c);
-      const __m512 x = _mm512_maskz_sub_ps(k, load16(bf, attn, r * D + c, k), mv);
-      ss = _mm512_fmadd_ps(x, x, ss);
-    }
-    const float rs = 1.0f / std::sqrt(_mm512_reduce_add_ps(ss) / static_cast<float>(D) + 1e-6f);
-    mean[r] = m;
-    rstd[r] = rs;
-    const __m512 rv = _mm512_set1_ps(rs);
+    row_moments(D, [&](int64_t c, __mmask16 k) { return load16(bf, attn, r * D + c, k); }, mean[r], rstd[r]);
+    const __m512 mv = _mm512_set1_ps(mean[r]), rv = _mm512_set1_ps(rstd[r]);
     const uint64_t base = static_cast<uint64_t>(r) * static_cast<uint64_t>(D);
     for (int64_t c = 0; c < D; c += 16) {
       const __mmask16 k = first_lanes(D - c);
@@ -994,25 +1022,17 @@ void avx512_norm_gate_bwd(bool bf, const void* dy, const void* attn, const void*
   for (int64_t r = r0; r < r1; ++r) {
     const __m512 mv = _mm512_set1_ps(mean[r]), rv = _mm512_set1_ps(rstd[r]);
     const uint64_t base = static_cast<uint64_t>(r) * static_cast<uint64_t>(D);
-    __m512 sd = _mm512_setzero_ps(), sdx = _mm512_setzero_ps();
-    for (int64_t c = 0; c < D; c += 16) {
-      const __mmask16 k = first_lanes(D - c);
-      const __m512 gm = _mm512_mul_ps(load16(bf, dy, r * D + c, k), dropout16(drop, base + c));
-      const __m512 xh = _mm512_maskz_mul_ps(k, _mm512_sub_ps(load16(bf, attn, r * D + c, k), mv), rv);
-      store16(bf, du, r * D + c, k, _mm512_mul_ps(gm, xh));
-      const __m512 dx = _mm512_mul_ps(gm, load16(bf, u, r * D + c, k));
-      sd = _mm512_add_ps(sd, dx);
-      sdx = _mm512_fmadd_ps(dx, xh, sdx);
-    }
-    const __m512 md = _mm512_set1_ps(_mm512_reduce_add_ps(sd) / static_cast<float>(D));
-    const __m512 mdx = _mm512_set1_ps(_mm512_reduce_add_ps(sdx) / static_cast<float>(D));
-    for (int64_t c = 0; c < D; c += 16) {
-      const __mmask16 k = first_lanes(D - c);
-      const __m512 gm = _mm512_mul_ps(load16(bf, dy, r * D + c, k), dropout16(drop, base + c));
-      const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(load16(bf, attn, r * D + c, k), mv), rv);
-      const __m512 dx = _mm512_mul_ps(gm, load16(bf, u, r * D + c, k));
-      store16(bf, dattn, r * D + c, k, _mm512_mul_ps(rv, _mm512_sub_ps(_mm512_sub_ps(dx, md), _mm512_mul_ps(xh, mdx))));
-    }
+    // g' = dy * mask / (1 - p); du = g' * xh; the gradient w.r.t. xh: g' * u
+    auto gm = [&](int64_t c, __mmask16 k) { return _mm512_mul_ps(load16(bf, dy, r * D + c, k), dropout16(drop, base + c)); };
+    layer_norm_bwd_row(
+        D, rv, [&](int64_t c, __mmask16 k) { return _mm512_maskz_mul_ps(k, _mm512_sub_ps(load16(bf, attn, r * D + c, k), mv), rv); },
+        [&](int64_t c, __mmask16 k, __m512 xh) {
+          const __m512 g = gm(c, k);
+          store16(bf, du, r * D + c, k, _mm512_mul_ps(g, xh));
+          return _mm512_mul_ps(g, load16(bf, u, r * D + c, k));
+        },
+        [&](int64_t c, __mmask16 k) { return _mm512_mul_ps(gm(c, k), load16(bf, u, r * D + c, k)); },
+        [&](int64_t c, __mmask16 k, __m512 v) { store16(bf, dattn, r * D + c, k, v); });
   }
 }
 
@@ -1052,20 +1072,8 @@ void avx512_transpose16(const uint16_t* src, int64_t R, int64_t C, int64_t r0, i
 void avx512_ln_cast(bool bf, const float* x, int64_t r0, int64_t r1, int64_t D, void* y, float* mean, float* rstd) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * D;
-    __m512 s = _mm512_setzero_ps();
-    for (int64_t c = 0; c < D; c += 16) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(first_lanes(D - c), xr + c));
-    const float m = _mm512_reduce_add_ps(s) / static_cast<float>(D);
-    const __m512 mv = _mm512_set1_ps(m);
-    __m512 ss = _mm512_setzero_ps();
-    for (int64_t c = 0; c < D; c += 16) {
-      const __mmask16 k = first_lanes(D - c);
-      const __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, xr + c), mv);
-      ss = _mm512_fmadd_ps(d, d, ss);
-    }
-    const float rs = 1.0f / std::sqrt(_mm512_reduce_add_ps(ss) / static_cast<float>(D) + 1e-6f);
-    mean[r] = m;
-    rstd[r] = rs;
-    const __m512 rv = _mm512_set1_ps(rs);
+    row_moments(D, [&](int64_t c, __mmask16 k) { return _mm512_maskz_loadu_ps(k, xr + c); }, mean[r], rstd[r]);
+    const __m512 mv = _mm512_set1_ps(mean[r]), rv = _mm512_set1_ps(rstd[r]);
     for (int64_t c = 0; c < D; c += 16) {
       const __mmask16 k = first_lanes(D - c);
       store16(bf, y, r * D + c, k, _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, xr + c), mv), rv));
@@ -1078,23 +1086,11 @@ void avx512_ln_cast_bwd(bool bf, const void* dy, const float* x, const float* me
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * D;
     const __m512 mv = _mm512_set1_ps(mean[r]), rv = _mm512_set1_ps(rstd[r]);
-    __m512 sd = _mm512_setzero_ps(), sdx = _mm512_setzero_ps();
-    for (int64_t c = 0; c < D; c += 16) {
-      const __mmask16 k = first_lanes(D - c);
-      const __m512 g = load16(bf, dy, r * D + c, k);
-      const __m512 xh = _mm512_maskz_mul_ps(k, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, xr + c), mv), rv);
-      sd = _mm512_add_ps(sd, g);
-      sdx = _mm512_fmadd_ps(g, xh, sdx);
-    }
-    const __m512 md = _mm512_set1_ps(_mm512_reduce_add_ps(sd) / static_cast<float>(D));
-    const __m512 mdx = _mm512_set1_ps(_mm512_reduce_add_ps(sdx) / static_cast<float>(D));
-    for (int64_t c = 0; c < D; c += 16) {
-      const __mmask16 k = first_lanes(D - c);
-      const __m512 g = load16(bf, dy, r * D + c, k);
-      const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, xr + c), mv), rv);
-      _mm512_mask_storeu_ps(dx + r * D + c, k,
-                            _mm512_mul_ps(rv, _mm512_sub_ps(_mm512_sub_ps(g, md), _mm512_mul_ps(xh, mdx))));
-    }
+    auto g = [&](int64_t c, __mmask16 k) { return load16(bf, dy, r * D + c, k); };
+    layer_norm_bwd_row(
+        D, rv, [&](int64_t c, __mmask16 k) { return _mm512_maskz_mul_ps(k, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, xr + c), mv), rv); },
+        [&](int64_t c, __mmask16 k, __m512) { return g(c, k); }, g,
+        [&](int64_t c, __mmask16 k, __m512 v) { _mm512_mask_storeu_ps(dx + r * D + c, k, v); });
   }
 }
 
