@@ -383,6 +383,8 @@ def gemm_dtype_is_fast(dtype: Union[str, torch.dtype], device: DeviceLike = None
     if dtype not in cap.gflops:
         return False
     return choose_gemm_dtype({torch.float32: cap.gflops[torch.float32], dtype: cap.gflops[dtype]}) == dtype
+
+
 # On the CPU, oneDNN builds (JIT-compiles) a bf16 / fp16 matmul primitive for every new problem
 # shape and caches it by shape: 1-12 ms per build (ONEDNN_VERBOSE=2; 2-core Xeon with AMX), while
 # fp32 GEMMs take a path with no per-shape build.  A jagged batch's token count changes every step,

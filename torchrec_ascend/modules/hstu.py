@@ -56,13 +56,12 @@ import math
 from typing import Dict, Optional, Tuple, Union
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..ops import hstu as hstu_ops
 from . import hstu_fused
 from .l2norm import l2_normalize
-from .projection import project
+from .projection import compute_dtype, project
 from .row_padding import pad_jagged, row_multiple
 
 __all__ = [
@@ -75,7 +74,6 @@ __all__ = [
 ]
 
 _EPS = 1e-6
-
 
 
 def _unpack(values: object, offsets: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -230,9 +228,7 @@ class HSTUBlock(nn.Module):
         # fused on CPU (modules/hstu_fused.py), the same torch ops elsewhere: the pre-norm written
         # in the dtype the projection multiplies in (bf16 under autocast; statistics in fp32),
         # silu + split into contiguous u, v, q, k, and dropout(u * LN(attn))
-        device = x.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-        h = project(hstu_fused.layer_norm(x, dtype), self.uvqk)  # modules/projection.py
+        h = project(hstu_fused.layer_norm(x, compute_dtype(x)), self.uvqk)  # modules/projection.py
         u, v, q, k = hstu_fused.silu_split(h, [H * dv, H * dv, H * dqk, H * dqk])
         bias = (self.relative_bias.attention_kwargs(timestamps, h.dtype)
                 if self.relative_bias is not None else {})

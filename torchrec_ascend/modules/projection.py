@@ -21,7 +21,7 @@ import torch
 
 from ..ops import extension
 
-__all__ = ["project", "contiguous_transpose_helps", "transposed_copy"]
+__all__ = ["project", "compute_dtype", "contiguous_transpose_helps", "transposed_copy"]
 
 _HALF = (torch.bfloat16, torch.float16)
 
@@ -59,15 +59,21 @@ class _Project(torch.autograd.Function):
         return dx, dw
 
 
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a product with ``x`` runs in: the autocast dtype of ``x``'s device under
+    autocast, else ``x``'s own."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
 def project(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``x [T, D] @ w [D, N]`` (in the autocast dtype under autocast); gradients as autograd's
     ``mm``, the weight's computed on a contiguous ``x^T`` where that is faster."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[0]:
         raise ValueError(f"project: expected x [T, D] and w [D, N], got {tuple(x.shape)} and "
                          f"{tuple(w.shape)}")
-    device = x.device.type
-    if torch.is_autocast_enabled(device):
-        dtype = torch.get_autocast_dtype(device)
+    if torch.is_autocast_enabled(x.device.type):
+        dtype = compute_dtype(x)
         x, w = x.to(dtype), w.to(dtype)
     elif x.dtype != w.dtype:
         raise ValueError(f"project: x is {x.dtype}, w is {w.dtype} (outside autocast they must "

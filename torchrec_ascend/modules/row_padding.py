@@ -16,6 +16,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ..device import gemm_row_multiple
+from .projection import compute_dtype
 
 __all__ = ["row_multiple", "PaddedBatch", "pad_jagged"]
 
@@ -23,9 +24,7 @@ __all__ = ["row_multiple", "PaddedBatch", "pad_jagged"]
 def row_multiple(x: torch.Tensor) -> int:
     """The multiple a batch of rows ``x`` is padded to: that of the dtype its GEMMs run in (the
     autocast dtype under autocast, else ``x``'s) on ``x``'s device."""
-    device = x.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-    return gemm_row_multiple(device, dtype)
+    return gemm_row_multiple(x.device.type, compute_dtype(x))
 
 
 class PaddedBatch(NamedTuple):

@@ -179,11 +179,13 @@ class HalfLogits(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: torch.Tensor, n: torch.Tensor, dtype: torch.dtype,
                 per_row_scale: Union[bool, str], compute: str) -> torch.Tensor:
-        # the query rows (their count changes every step) padded with zero rows where the GEMMs
-        # would otherwise be new shapes for the device's primitive cache (device.gemm_row_multiple)
+        # the query rows (their count changes every step) padded with zero rows where the half
+        # GEMMs would otherwise be new shapes for the device's primitive cache
+        # (device.gemm_row_multiple)
         rows = q.shape[0]
         ctx.rows = rows
-        q = F.pad(q, (0, 0, 0, -rows % _device.gemm_row_multiple(q.device, dtype)))
+        if _use_half_compute(compute, q.device, dtype):
+            q = F.pad(q, (0, 0, 0, -rows % _device.gemm_row_multiple(q.device, dtype)))
         qq = quantize_rows(q, dtype, per_row_scale)
         nq = quantize_rows(n, dtype, per_row_scale)
         ctx.dtype, ctx.per_row_scale, ctx.compute = dtype, per_row_scale, compute
