@@ -386,10 +386,11 @@ def gemm_dtype_is_fast(dtype: Union[str, torch.dtype], device: DeviceLike = None
 
 
 # On the CPU, oneDNN builds (JIT-compiles) a bf16 / fp16 matmul primitive for every new problem
-# shape and caches it by shape: 1-12 ms per build (ONEDNN_VERBOSE=2; 2-core Xeon with AMX), while
-# fp32 GEMMs take a path with no per-shape build.  A jagged batch's token count changes every step,
-# so the callers whose GEMMs have a token dimension pad it to a multiple of this and the shapes
-# repeat (modules/row_padding.py, sampling/quant.py).
+# shape and caches it by shape: 0.5-21 ms per build, ~11 builds and ~44 ms per paper-config step
+# without padding (ONEDNN_VERBOSE=2; 2-core Xeon with AMX, one thread), while fp32 GEMMs take a
+# path with no per-shape build.  A jagged batch's token count changes every step, so the callers
+# whose GEMMs have a token dimension pad it to a multiple of this and the shapes repeat
+# (modules/row_padding.py, sampling/quant.py).
 GEMM_ROW_MULTIPLE = 64
 
 
