@@ -9,8 +9,8 @@ Two sources, both from the same run:
 * the dense parts timed on their own, on the batches the run really trained (their offsets are
   recorded by a forward pre-hook on the model's head), in the run's compute dtype, forward +
   backward (``torch.autograd.grad``: no accumulation into the inputs' ``.grad``, which a training
-  step does not do either), with ``torch.utils.benchmark`` (``benchmarks/side_by_side.py``): **attention** (the
-  fused ``hstu_mha`` op of every layer), **projections** (the UVQK and output matmuls of every
+  step does not do either), with ``torch.utils.benchmark`` (``benchmarks/side_by_side.py``):
+  **attention** (the fused ``hstu_mha`` op of every layer), **projections** (the UVQK and output matmuls of every
   layer, or for SASRec nothing: its encoder is counted in overhead), **sampled softmax** (the
   model's own loss module on the batch's queries and the shared pool).
 

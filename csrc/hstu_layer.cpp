@@ -111,7 +111,6 @@ void over_rows(int64_t rows, int64_t cols, F&& f) {
 // Row-range bodies (templates, inlined into the per-dtype functions below, which GCC clones for
 // AVX-512 and AVX2 and picks at load time; the extension itself is built for the baseline ISA).
 #define TRA_LAYER_VECTOR __attribute__((target_clones("avx512f", "avx2", "default"), optimize("no-trapping-math")))
-#define TRA_LAYER_VECTOR2 __attribute__((target_clones("avx512f", "avx2", "default")))
 
 // ------------------------------------------------------------------------- silu + split
 
@@ -152,9 +151,34 @@ __attribute__((always_inline)) inline void silu_split_bwd_range(const T* h, int6
   }
 }
 
-// ------------------------------------------------------------------------- norm + gate + dropout
+// ------------------------------------------------------------------------- LayerNorm rows
 
 constexpr float kEps = 1e-6f;
+
+// 16 partial sums of f(c), c < D: a reduction GCC vectorises without reassociating one accumulator
+template <typename F>
+__attribute__((always_inline)) inline float sum16(int64_t D, F&& f) {
+  float acc[16] = {0.0f};
+  int64_t c = 0;
+  for (; c + 16 <= D; c += 16)
+    for (int l = 0; l < 16; ++l) acc[l] += f(c + l);
+  for (; c < D; ++c) acc[0] += f(c);
+  float s = 0.0f;
+  for (int l = 0; l < 16; ++l) s += acc[l];
+  return s;
+}
+
+// LayerNorm (no affine, eps 1e-6) of one row of D values x(c): its mean and 1 / sqrt(var + eps),
+// two passes (no cancellation)
+template <typename X>
+__attribute__((always_inline)) inline void row_moments(int64_t D, X&& x, float& mean, float& rstd) {
+  const float m = sum16(D, x) / static_cast<float>(D);
+  const float var = sum16(D, [&](int64_t c) { return (x(c) - m) * (x(c) - m); }) / static_cast<float>(D);
+  mean = m;
+  rstd = 1.0f / std::sqrt(var + kEps);
+}
+
+// ------------------------------------------------------------------------- norm + gate + dropout
 
 template <typename T>
 __attribute__((always_inline)) inline void norm_gate_range(const T* attn, const T* u, int64_t r0, int64_t r1,
@@ -162,17 +186,8 @@ __attribute__((always_inline)) inline void norm_gate_range(const T* attn, const 
                                                            float* rstd) {
   for (int64_t r = r0; r < r1; ++r) {
     const T* a = attn + r * D;
-    float s = 0.0f;
-    for (int64_t c = 0; c < D; ++c) s += to_f(a[c]);
-    const float m = s / static_cast<float>(D);
-    float ss = 0.0f;  // two passes: no cancellation
-    for (int64_t c = 0; c < D; ++c) {
-      const float x = to_f(a[c]) - m;
-      ss += x * x;
-    }
-    const float rs = 1.0f / std::sqrt(ss / static_cast<float>(D) + kEps);
-    mean[r] = m;
-    rstd[r] = rs;
+    row_moments(D, [&](int64_t c) { return to_f(a[c]); }, mean[r], rstd[r]);
+    const float m = mean[r], rs = rstd[r];
     const T* ur = u + r * D;
     T* yr = y + r * D;
     const uint64_t base = static_cast<uint64_t>(r) * static_cast<uint64_t>(D);
@@ -227,29 +242,13 @@ __attribute__((always_inline)) inline void dropout_range(const T* x, int64_t r0,
 
 // ------------------------------------------------------------------------- LayerNorm of fp32 rows, cast
 
-// 16 partial sums: a reduction GCC vectorises without reassociating a single accumulator
-template <typename F>
-__attribute__((always_inline)) inline float sum16(int64_t D, F&& f) {
-  float acc[16] = {0.0f};
-  int64_t c = 0;
-  for (; c + 16 <= D; c += 16)
-    for (int l = 0; l < 16; ++l) acc[l] += f(c + l);
-  for (; c < D; ++c) acc[0] += f(c);
-  float s = 0.0f;
-  for (int l = 0; l < 16; ++l) s += acc[l];
-  return s;
-}
-
 template <typename T>
 __attribute__((always_inline)) inline void ln_cast_range(const float* x, int64_t r0, int64_t r1, int64_t D, T* y,
                                                          float* mean, float* rstd) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * D;
-    const float m = sum16(D, [&](int64_t c) { return xr[c]; }) / static_cast<float>(D);
-    const float var = sum16(D, [&](int64_t c) { return (xr[c] - m) * (xr[c] - m); }) / static_cast<float>(D);
-    const float rs = 1.0f / std::sqrt(var + kEps);
-    mean[r] = m;
-    rstd[r] = rs;
+    row_moments(D, [&](int64_t c) { return xr[c]; }, mean[r], rstd[r]);
+    const float m = mean[r], rs = rstd[r];
     T* yr = y + r * D;
     for (int64_t c = 0; c < D; ++c) yr[c] = from_f<T>((xr[c] - m) * rs);
   }
@@ -303,7 +302,6 @@ __attribute__((always_inline)) inline void ln_cast_bwd_range(const T* dy, const 
 TRA_LAYER_INSTANCES(float, f32)
 TRA_LAYER_INSTANCES(bf16, bf16)
 #undef TRA_LAYER_INSTANCES
-#undef TRA_LAYER_VECTOR
 
 // overloads picking the instance by pointer type
 inline void silu_split(const float* h, int64_t r0, int64_t r1, int64_t w, const int64_t* w4, float* const* o) {
@@ -536,8 +534,8 @@ namespace {
 // y = x + o + b over rows [r0, r1): the fp32 residual plus a projection's output (its dtype) and
 // the fp32 bias (b may be null)
 template <typename O>
-TRA_LAYER_VECTOR2 void residual_add_rows(const float* x, const O* o, const float* b, int64_t r0, int64_t r1,
-                                         int64_t D, float* y) {
+TRA_LAYER_VECTOR void residual_add_rows(const float* x, const O* o, const float* b, int64_t r0, int64_t r1,
+                                        int64_t D, float* y) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * D;
     const O* orow = o + r * D;
@@ -552,7 +550,7 @@ TRA_LAYER_VECTOR2 void residual_add_rows(const float* x, const O* o, const float
 
 // dst[c, r] = src[r, c] over rows [r0, r1), in 32 x 32 blocks (both sides' lines stay in L1)
 template <typename E>
-TRA_LAYER_VECTOR2 void transpose_rows(const E* src, int64_t R, int64_t C, int64_t r0, int64_t r1, E* dst) {
+TRA_LAYER_VECTOR void transpose_rows(const E* src, int64_t R, int64_t C, int64_t r0, int64_t r1, E* dst) {
   constexpr int64_t kB = 32;
   for (int64_t rb = r0; rb < r1; rb += kB) {
     const int64_t re = std::min(rb + kB, r1);

@@ -47,10 +47,10 @@ void avx512_dropout(bool is_bf16, const void* x, int64_t r0, int64_t r1, int64_t
 // fp32 x -> y = LayerNorm(x) (no affine, eps 1e-6) in y's type; its backward: dx (fp32) from dy
 void avx512_ln_cast(bool is_bf16, const float* x, int64_t r0, int64_t r1, int64_t D, void* y, float* mean,
                     float* rstd);
-// dst [C, R] = src [R, C]^T for 16-bit elements, source rows [r0, r1) (r0 even)
-void avx512_transpose16(const uint16_t* src, int64_t R, int64_t C, int64_t r0, int64_t r1, uint16_t* dst);
 void avx512_ln_cast_bwd(bool is_bf16, const void* dy, const float* x, const float* mean, const float* rstd, int64_t r0,
                         int64_t r1, int64_t D, float* dx);
+// dst [C, R] = src [R, C]^T for 16-bit elements, source rows [r0, r1) (r0 even)
+void avx512_transpose16(const uint16_t* src, int64_t R, int64_t C, int64_t r0, int64_t r1, uint16_t* dst);
 #endif
 }  // namespace detail
 
