@@ -422,19 +422,29 @@ inline __mmask16 fwd_mask(int64_t r, int64_t c0, int64_t w, const int64_t* full,
   return ok;
 }
 
-// the backward's valid lanes of key j at queries i0 + c0..: j < e[c] or i == j, c < w
-inline __mmask16 bwd_mask(int64_t j, int64_t i0, int64_t c0, int64_t w, const int64_t* e) {
-  const __mmask16 live = first_lanes(w - c0);
-  const __m512i jv = _mm512_set1_epi64(j);
-  const __mmask8 lo = _mm512_mask_cmpgt_epi64_mask(static_cast<__mmask8>(live), _mm512_maskz_loadu_epi64(
-      static_cast<__mmask8>(live), e + c0), jv);
-  const __mmask8 hi = _mm512_mask_cmpgt_epi64_mask(static_cast<__mmask8>(live >> 8), _mm512_maskz_loadu_epi64(
-      static_cast<__mmask8>(live >> 8), e + c0 + 8), jv);
-  __mmask16 k = static_cast<__mmask16>(lo | (static_cast<unsigned>(hi) << 8));
-  const int64_t d = j - (i0 + c0);
-  if (d >= 0 && d < 16) k |= static_cast<__mmask16>(1u << d);
-  return k & live;
-}
+// The backward's valid lanes of a block (keys j0 .. j0 + m - 1, queries i0 .. i0 + w - 1): key j
+// is seen by query i0 + c where j < e[c] or j == i0 + c.  A full block (every query sees every
+// key: e[c] past the last key) needs no per-lane test; the others compare the key with the
+// queries' prefix ends as 32-bit lanes.
+struct BwdMasks {
+  bool full = true;
+  int64_t i0;
+  alignas(64) int32_t e32[kBwdRows];
+  BwdMasks(int64_t m, int64_t w, int64_t wp, int64_t j0, int64_t i0_, const int64_t* e) : i0(i0_) {
+    for (int64_t c = 0; c < w && full; ++c) full = e[c] > j0 + m - 1;
+    if (!full)
+      for (int64_t c = 0; c < wp; ++c) e32[c] = c < w ? static_cast<int32_t>(imin(e[c], INT32_MAX)) : 0;
+  }
+  // key j's lanes at queries i0 + c .. i0 + c + 15, within `live`
+  template <bool kFull>
+  __mmask16 at(int64_t j, int64_t c, __mmask16 live) const {
+    if (kFull) return live;
+    __mmask16 k = _mm512_cmpgt_epi32_mask(_mm512_load_si512(e32 + c), _mm512_set1_epi32(static_cast<int32_t>(j)));
+    const int64_t d = j - (i0 + c);
+    if (d >= 0 && d < 16) k |= static_cast<__mmask16>(1u << d);
+    return static_cast<__mmask16>(k & live);
+  }
+};
 
 // backward lanes: p = silu(z), ds = dP silu'(z), both 0 outside ok
 template <bool kFast>
@@ -592,10 +602,20 @@ struct F32Avx512 : Avx512Tables {
                        const float* bias, int64_t ldbias, int64_t j0, int64_t i0, const int64_t* e, float alpha,
                        float* PA, float* dSA, int64_t lda, float* /*dSB*/, int64_t /*ldb*/, float* G, int64_t ldg,
                        bool /*g_add: never set without kGroupHeads*/) {
+    const BwdMasks masks(m, w, wp, j0, i0, e);
+    if (masks.full) silu_bwd_rows<true>(m, mk, w, wp, S, dP, ld, bias, ldbias, j0, masks, alpha, PA, dSA, lda, G, ldg);
+    else silu_bwd_rows<false>(m, mk, w, wp, S, dP, ld, bias, ldbias, j0, masks, alpha, PA, dSA, lda, G, ldg);
+  }
+
+ private:
+  template <bool kFull>
+  static void silu_bwd_rows(int64_t m, int64_t mk, int64_t w, int64_t wp, const float* S, const float* dP,
+                            int64_t ld, const float* bias, int64_t ldbias, int64_t j0, const BwdMasks& masks,
+                            float alpha, float* PA, float* dSA, int64_t lda, float* G, int64_t ldg) {
     const __m512 av = _mm512_set1_ps(alpha);
     for (int64_t r = 0; r < mk; ++r)
       for (int64_t c = 0; c < wp; c += 16) {
-        const __mmask16 ok = r < m ? bwd_mask(j0 + r, i0, c, w, e) : 0;
+        const __mmask16 ok = r < m ? masks.at<kFull>(j0 + r, c, first_lanes(w - c)) : 0;
         __m512 p, ds;
         silu_bwd16<false>(S + r * ld + c, dP + r * ld + c, bias && r < m ? bias + r * ldbias + c : nullptr, av, ok,
                           p, ds);
@@ -730,30 +750,86 @@ struct Bf16Common : Avx512Tables {
                        const float* bias, int64_t ldbias, int64_t j0, int64_t i0, const int64_t* e, float alpha,
                        bf16_t* PA, bf16_t* dSA, int64_t lda, bf16_t* dSB, int64_t ldb_, float* G, int64_t ldg,
                        bool g_add) {
-    const __m512 av = _mm512_set1_ps(alpha);
+    const BwdMasks masks(m, w, wp, j0, i0, e);
+    const SiluBwdArgs a{m, mk, w, wp, S, dP, ld, bias, ldbias, j0, masks, alpha, PA, dSA, lda, dSB, ldb_, G, ldg};
+    const bool full = masks.full;
+    if (bias == nullptr) {
+      if (full) silu_bwd_rows<false, false, true>(a);
+      else silu_bwd_rows<false, false, false>(a);
+    } else if (g_add) {
+      if (full) silu_bwd_rows<true, true, true>(a);
+      else silu_bwd_rows<true, true, false>(a);
+    } else {
+      if (full) silu_bwd_rows<true, false, true>(a);
+      else silu_bwd_rows<true, false, false>(a);
+    }
+  }
+
+ private:
+  struct SiluBwdArgs {
+    int64_t m, mk, w, wp;
+    const float *S, *dP;
+    int64_t ld;
+    const float* bias;  // and G, the tables' gradient strip: both or neither
+    int64_t ldbias, j0;
+    const BwdMasks& masks;
+    float alpha;
+    bf16_t *PA, *dSA;
+    int64_t lda;
+    bf16_t* dSB;
+    int64_t ldb;
+    float* G;
+    int64_t ldg;
+  };
+  // silu_bwd's rows: the call's choices (bias and G; G written or added to; lane masks or none)
+  // as template arguments, a row pair's four vectors in registers (a loop over the pair, with
+  // arrays, kept them on the stack: ~70 instructions per vector)
+  template <bool kBias, bool kAdd, bool kFull>
+  static void silu_bwd_rows(const SiluBwdArgs& a) {
+    const __m512 av = _mm512_set1_ps(a.alpha);
     const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
                                             6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     const __m512i hi_idx = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23,
                                             54, 22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
-    for (int64_t r = 0; r < mk; r += 2) {
-      for (int64_t c = 0; c < wp; c += 32) {
-        __m512 p[2][2], ds[2][2];
-        for (int u = 0; u < 2; ++u) {
-          const int64_t rr = r + u;
-          for (int h = 0; h < 2; ++h) {
-            const int64_t cc = c + 16 * h;
-            const __mmask16 ok = rr < m ? bwd_mask(j0 + rr, i0, cc, w, e) : 0;
-            silu_bwd16<true>(S + rr * ld + cc, dP + rr * ld + cc, bias && rr < m ? bias + rr * ldbias + cc : nullptr,
-                             av, ok, p[u][h], ds[u][h]);
-            if (G && rr < m) store_g(G + rr * ldg + cc, first_lanes(w - cc), ds[u][h], g_add);
+    for (int64_t r = 0; r < a.mk; r += 2) {
+      const bool v0 = r < a.m, v1 = r + 1 < a.m;
+      const float* s0 = a.S + r * a.ld;
+      const float* dp0 = a.dP + r * a.ld;
+      // a row past m has every lane masked off (nothing loaded): any valid row's pointer does
+      const float* b0 = kBias ? a.bias + (v0 ? r : 0) * a.ldbias : nullptr;
+      const float* b1 = kBias ? a.bias + (v1 ? r + 1 : 0) * a.ldbias : nullptr;
+      float* g0 = kBias ? a.G + r * a.ldg : nullptr;
+      bf16_t* pa0 = a.PA + r * a.lda;
+      bf16_t* dsa0 = a.dSA + r * a.lda;
+      for (int64_t c = 0; c < a.wp; c += 32) {
+        const __mmask16 l0 = first_lanes(a.w - c), l1 = first_lanes(a.w - c - 16);
+        const int64_t j = a.j0 + r;  // row r / r + 1, columns c / c + 16
+        const __mmask16 k00 = v0 ? a.masks.at<kFull>(j, c, l0) : 0, k01 = v0 ? a.masks.at<kFull>(j, c + 16, l1) : 0;
+        const __mmask16 k10 = v1 ? a.masks.at<kFull>(j + 1, c, l0) : 0;
+        const __mmask16 k11 = v1 ? a.masks.at<kFull>(j + 1, c + 16, l1) : 0;
+        __m512 p00, p01, p10, p11, d00, d01, d10, d11;
+        silu_bwd16<true>(s0 + c, dp0 + c, kBias ? b0 + c : nullptr, av, k00, p00, d00);
+        silu_bwd16<true>(s0 + c + 16, dp0 + c + 16, kBias ? b0 + c + 16 : nullptr, av, k01, p01, d01);
+        silu_bwd16<true>(s0 + a.ld + c, dp0 + a.ld + c, kBias ? b1 + c : nullptr, av, k10, p10, d10);
+        silu_bwd16<true>(s0 + a.ld + c + 16, dp0 + a.ld + c + 16, kBias ? b1 + c + 16 : nullptr, av, k11, p11, d11);
+        if (kBias) {
+          if (v0) {
+            store_g(g0 + c, l0, d00, kAdd);
+            store_g(g0 + c + 16, l1, d01, kAdd);
           }
-          _mm512_storeu_si512(PA + rr * lda + c, f32x32_to_bf16(p[u][0], p[u][1]));
-          _mm512_storeu_si512(dSA + rr * lda + c, f32x32_to_bf16(ds[u][0], ds[u][1]));
+          if (v1) {
+            store_g(g0 + a.ldg + c, l0, d10, kAdd);
+            store_g(g0 + a.ldg + c + 16, l1, d11, kAdd);
+          }
         }
+        const __m512i ds0 = f32x32_to_bf16(d00, d01), ds1 = f32x32_to_bf16(d10, d11);
+        _mm512_storeu_si512(pa0 + c, f32x32_to_bf16(p00, p01));
+        _mm512_storeu_si512(pa0 + a.lda + c, f32x32_to_bf16(p10, p11));
+        _mm512_storeu_si512(dsa0 + c, ds0);
+        _mm512_storeu_si512(dsa0 + a.lda + c, ds1);
         // VNNI: pair row r / 2, columns c..c+31 (two blocks of 16) <- rows r, r + 1 interleaved
-        const __m512i a = f32x32_to_bf16(ds[0][0], ds[0][1]), b = f32x32_to_bf16(ds[1][0], ds[1][1]);
-        _mm512_storeu_si512(dSB + (c / 16) * ldb_ + (r / 2) * 32, _mm512_permutex2var_epi16(a, lo_idx, b));
-        _mm512_storeu_si512(dSB + (c / 16 + 1) * ldb_ + (r / 2) * 32, _mm512_permutex2var_epi16(a, hi_idx, b));
+        _mm512_storeu_si512(a.dSB + (c / 16) * a.ldb + (r / 2) * 32, _mm512_permutex2var_epi16(ds0, lo_idx, ds1));
+        _mm512_storeu_si512(a.dSB + (c / 16 + 1) * a.ldb + (r / 2) * 32, _mm512_permutex2var_epi16(ds0, hi_idx, ds1));
       }
     }
   }
