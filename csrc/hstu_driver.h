@@ -449,6 +449,7 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
   sort_tasks_desc(tasks, ntask);
   const acc_t alpha = static_cast<acc_t>(P.alpha);
   const int64_t KBM = round_up(kBwdKeys, E::kRowPad), KBK = round_up(kBwdKeys, E::kKPad);
+  const int64_t kSeqPad = imax(imax(E::kRowPad, 16), imax(E::kKPad, E::kNPad));
 
 #pragma omp parallel num_threads(nthreads)
   {
@@ -473,7 +474,9 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
     for (int64_t t = 0; t < ntask; ++t) {
       const int64_t b = tasks[t].b, h0 = tasks[t].i0, hg = hgs[b], n = P.len(b), s0 = P.off[b];
       if (n == 0) continue;
-      const int64_t np = round_up(n, imax(kBwdKeys, kBwdRows));
+      // keys / queries padded to the engine's granularity (a multiple of 16), not to whole blocks:
+      // the last block is a partial one (a 20-token sequence packs and zeroes 32 rows, not 64)
+      const int64_t np = round_up(n, kSeqPad);
       const SeqMask mask(n, P.ctx, P.nt ? P.nt[b] : 0);
       const acc_t inv = static_cast<acc_t>(1.0 / norm_of(n, P.max_seq_len, P.by_len));
       // operands of this sequence's heads h0 .. h0 + hg - 1, padded with zeros (head x at x * size)
@@ -520,7 +523,7 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
         E::pack_b(qh, ldq, n, np, dqk, QB0 + x * szqb, ldqb);
       }
       // per query: the end of its key prefix; per query block: the largest one
-      const int64_t nqb = np / kBwdRows;
+      const int64_t nqb = (np + kBwdRows - 1) / kBwdRows;
       int64_t* e = cols_b.get(2 * n + nqb + 16);
       int64_t* emax = e + n;
       int64_t* tqv = P.ts_w ? e + n + nqb : nullptr;
