@@ -425,7 +425,7 @@ inline __mmask16 fwd_mask(int64_t r, int64_t c0, int64_t w, const int64_t* full,
 // The backward's valid lanes of a block (keys j0 .. j0 + m - 1, queries i0 .. i0 + w - 1): key j
 // is seen by query i0 + c where j < e[c] or j == i0 + c.  A full block (every query sees every
 // key: e[c] past the last key) needs no per-lane test; the others compare the key with the
-// queries' prefix ends as 32-bit lanes.
+// queries' prefix ends as 32-bit lanes (wp, the block's padded width, is at most kBwdRows).
 struct BwdMasks {
   bool full = true;
   int64_t i0;
