@@ -791,8 +791,20 @@ struct Bf16Common : Avx512Tables {
                                             6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     const __m512i hi_idx = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23,
                                             54, 22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+    const __m512i zero = _mm512_setzero_si512();
     for (int64_t r = 0; r < a.mk; r += 2) {
       const bool v0 = r < a.m, v1 = r + 1 < a.m;
+      if (!v0) {  // both rows past the keys (padding of the last block): zeros, nothing to compute
+        for (int64_t c = 0; c < a.wp; c += 32) {
+          _mm512_storeu_si512(a.PA + r * a.lda + c, zero);
+          _mm512_storeu_si512(a.PA + (r + 1) * a.lda + c, zero);
+          _mm512_storeu_si512(a.dSA + r * a.lda + c, zero);
+          _mm512_storeu_si512(a.dSA + (r + 1) * a.lda + c, zero);
+          _mm512_storeu_si512(a.dSB + (c / 16) * a.ldb + (r / 2) * 32, zero);
+          _mm512_storeu_si512(a.dSB + (c / 16 + 1) * a.ldb + (r / 2) * 32, zero);
+        }
+        continue;
+      }
       const float* s0 = a.S + r * a.ld;
       const float* dp0 = a.dP + r * a.ld;
       // a row past m has every lane masked off (nothing loaded): any valid row's pointer does
