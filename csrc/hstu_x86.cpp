@@ -791,32 +791,33 @@ struct Bf16Common : Avx512Tables {
                                             6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     const __m512i hi_idx = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23,
                                             54, 22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+    // rows r, r + 1 at columns c .. c + 31 out: P and dS (A layout), dS's VNNI pair row r / 2
+    // (two blocks of 16 columns, rows r and r + 1 interleaved)
+    auto store_pair = [&](int64_t r, int64_t c, __m512i p0, __m512i p1, __m512i ds0, __m512i ds1) {
+      _mm512_storeu_si512(a.PA + r * a.lda + c, p0);
+      _mm512_storeu_si512(a.PA + (r + 1) * a.lda + c, p1);
+      _mm512_storeu_si512(a.dSA + r * a.lda + c, ds0);
+      _mm512_storeu_si512(a.dSA + (r + 1) * a.lda + c, ds1);
+      _mm512_storeu_si512(a.dSB + (c / 16) * a.ldb + (r / 2) * 32, _mm512_permutex2var_epi16(ds0, lo_idx, ds1));
+      _mm512_storeu_si512(a.dSB + (c / 16 + 1) * a.ldb + (r / 2) * 32, _mm512_permutex2var_epi16(ds0, hi_idx, ds1));
+    };
     const __m512i zero = _mm512_setzero_si512();
     for (int64_t r = 0; r < a.mk; r += 2) {
-      const bool v0 = r < a.m, v1 = r + 1 < a.m;
-      if (!v0) {  // both rows past the keys (padding of the last block): zeros, nothing to compute
-        for (int64_t c = 0; c < a.wp; c += 32) {
-          _mm512_storeu_si512(a.PA + r * a.lda + c, zero);
-          _mm512_storeu_si512(a.PA + (r + 1) * a.lda + c, zero);
-          _mm512_storeu_si512(a.dSA + r * a.lda + c, zero);
-          _mm512_storeu_si512(a.dSA + (r + 1) * a.lda + c, zero);
-          _mm512_storeu_si512(a.dSB + (c / 16) * a.ldb + (r / 2) * 32, zero);
-          _mm512_storeu_si512(a.dSB + (c / 16 + 1) * a.ldb + (r / 2) * 32, zero);
-        }
+      if (r >= a.m) {  // both rows past the keys (padding of the last block): zeros, nothing to compute
+        for (int64_t c = 0; c < a.wp; c += 32) store_pair(r, c, zero, zero, zero, zero);
         continue;
       }
+      const bool v1 = r + 1 < a.m;  // row r is a key row; row r + 1 may be padding
       const float* s0 = a.S + r * a.ld;
       const float* dp0 = a.dP + r * a.ld;
-      // a row past m has every lane masked off (nothing loaded): any valid row's pointer does
-      const float* b0 = kBias ? a.bias + (v0 ? r : 0) * a.ldbias : nullptr;
-      const float* b1 = kBias ? a.bias + (v1 ? r + 1 : 0) * a.ldbias : nullptr;
+      // a padding row has every lane masked off (nothing loaded): row r's pointer does for it
+      const float* b0 = kBias ? a.bias + r * a.ldbias : nullptr;
+      const float* b1 = kBias ? (v1 ? b0 + a.ldbias : b0) : nullptr;
       float* g0 = kBias ? a.G + r * a.ldg : nullptr;
-      bf16_t* pa0 = a.PA + r * a.lda;
-      bf16_t* dsa0 = a.dSA + r * a.lda;
       for (int64_t c = 0; c < a.wp; c += 32) {
         const __mmask16 l0 = first_lanes(a.w - c), l1 = first_lanes(a.w - c - 16);
         const int64_t j = a.j0 + r;  // row r / r + 1, columns c / c + 16
-        const __mmask16 k00 = v0 ? a.masks.at<kFull>(j, c, l0) : 0, k01 = v0 ? a.masks.at<kFull>(j, c + 16, l1) : 0;
+        const __mmask16 k00 = a.masks.at<kFull>(j, c, l0), k01 = a.masks.at<kFull>(j, c + 16, l1);
         const __mmask16 k10 = v1 ? a.masks.at<kFull>(j + 1, c, l0) : 0;
         const __mmask16 k11 = v1 ? a.masks.at<kFull>(j + 1, c + 16, l1) : 0;
         __m512 p00, p01, p10, p11, d00, d01, d10, d11;
@@ -825,23 +826,15 @@ struct Bf16Common : Avx512Tables {
         silu_bwd16<true>(s0 + a.ld + c, dp0 + a.ld + c, kBias ? b1 + c : nullptr, av, k10, p10, d10);
         silu_bwd16<true>(s0 + a.ld + c + 16, dp0 + a.ld + c + 16, kBias ? b1 + c + 16 : nullptr, av, k11, p11, d11);
         if (kBias) {
-          if (v0) {
-            store_g(g0 + c, l0, d00, kAdd);
-            store_g(g0 + c + 16, l1, d01, kAdd);
-          }
+          store_g(g0 + c, l0, d00, kAdd);
+          store_g(g0 + c + 16, l1, d01, kAdd);
           if (v1) {
             store_g(g0 + a.ldg + c, l0, d10, kAdd);
             store_g(g0 + a.ldg + c + 16, l1, d11, kAdd);
           }
         }
-        const __m512i ds0 = f32x32_to_bf16(d00, d01), ds1 = f32x32_to_bf16(d10, d11);
-        _mm512_storeu_si512(pa0 + c, f32x32_to_bf16(p00, p01));
-        _mm512_storeu_si512(pa0 + a.lda + c, f32x32_to_bf16(p10, p11));
-        _mm512_storeu_si512(dsa0 + c, ds0);
-        _mm512_storeu_si512(dsa0 + a.lda + c, ds1);
-        // VNNI: pair row r / 2, columns c..c+31 (two blocks of 16) <- rows r, r + 1 interleaved
-        _mm512_storeu_si512(a.dSB + (c / 16) * a.ldb + (r / 2) * 32, _mm512_permutex2var_epi16(ds0, lo_idx, ds1));
-        _mm512_storeu_si512(a.dSB + (c / 16 + 1) * a.ldb + (r / 2) * 32, _mm512_permutex2var_epi16(ds0, hi_idx, ds1));
+        store_pair(r, c, f32x32_to_bf16(p00, p01), f32x32_to_bf16(p10, p11), f32x32_to_bf16(d00, d01),
+                   f32x32_to_bf16(d10, d11));
       }
     }
   }
