@@ -56,6 +56,30 @@ def test_bf16_gradients_equal_autocast_mm_within_rounding():
         torch.testing.assert_close(ours, theirs, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_transposed_weight_view_gets_its_gradient_in_the_parameters_layout(bf16):
+    """``project(x, linear.weight.t())``: the gradient arriving at the ``[N, D]`` parameter is
+    already contiguous (no layout copy in AccumulateGrad) and equals the float64 reference."""
+    g = torch.Generator().manual_seed(11)
+    x0 = torch.randn(90, 40, generator=g)
+    p0 = 0.1 * torch.randn(24, 40, generator=g)  # [N, D], used as w = p.t() [D, N]
+    dh = torch.randn(90, 24, generator=g)
+    if bf16:
+        x0, p0, dh = (t.bfloat16().float() for t in (x0, p0, dh))
+    x, p = x0.clone().requires_grad_(), p0.clone().requires_grad_()
+    arriving = []
+    p.register_hook(lambda grad: arriving.append(grad))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        h = project(x, p.t())
+    h.backward(dh.to(h.dtype))
+    _, ref_dx, ref_dw = _reference(x0, p0.t(), dh)
+    tol = dict(rtol=2e-2, atol=2e-2) if bf16 else dict(rtol=1e-5, atol=1e-5)
+    assert len(arriving) == 1 and arriving[0].is_contiguous()
+    assert arriving[0].dtype == torch.float32
+    torch.testing.assert_close(p.grad.double(), ref_dw.t(), **tol)
+    torch.testing.assert_close(x.grad.double(), ref_dx, **tol)
+
+
 def test_layout_choice_and_errors():
     assert contiguous_transpose_helps(torch.zeros(2, 2, dtype=torch.bfloat16))
     assert not contiguous_transpose_helps(torch.zeros(2, 2))

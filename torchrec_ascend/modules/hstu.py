@@ -238,7 +238,8 @@ class HSTUBlock(nn.Module):
             num_targets=num_targets, contextual_seq_len=self.contextual_seq_len,
             validate=validate, **bias,
         ).reshape(T, H * dv)
-        # the output projection through project() too (its weight gradient on a contiguous g^T),
+        # the output projection through project() too (its weight gradient on a contiguous g^T,
+        # written in the layout of nn.Linear's [out, in] weight),
         # its bias and the residual added in fp32 in one pass
         o = project(hstu_fused.norm_gate(attn, u, self.dropout.p, self.training), self.output.weight.t())
         return hstu_fused.residual_add(x, o, self.output.bias)

@@ -9,6 +9,11 @@ transposed operands as they are) the copy buys nothing.  :func:`project` makes t
 there (with :func:`transposed_copy`, a blocked transpose: torch's strided copy of a bf16
 ``[2432, 512]`` took twice as long); the product and both gradients are otherwise autograd's.
 
+The weight gradient is written in ``w``'s own layout: for ``w`` a transposed view (``nn.Linear``'s
+``weight.t()``) it is ``(dh^T @ x)^T``, so the gradient reaching the ``[N, D]`` parameter is
+contiguous and ``AccumulateGrad`` keeps it instead of copying it into the parameter's layout (a
+strided fp32 ``[512, 512]`` copy: 0.3-0.9 ms per layer in the paper-config step, Xeon with AMX).
+
 Under ``torch.autocast`` the operands are cast to the autocast dtype first (as autocast's own
 ``mm`` would: the casts are differentiable, so ``w``'s gradient arrives in ``w``'s dtype).
 """
@@ -54,9 +59,22 @@ class _Project(torch.autograd.Function):
         dx = dh @ w.t() if ctx.needs_input_grad[0] else None
         dw = None
         if ctx.needs_input_grad[1]:
-            xt = transposed_copy(x) if contiguous_transpose_helps(x) else x.t()
-            dw = xt @ dh
+            dw = _weight_gradient(x, dh, transposed=_is_transposed_view(w))
         return dx, dw
+
+
+def _is_transposed_view(w: torch.Tensor) -> bool:
+    """``w [D, N]`` stored as a contiguous ``[N, D]`` (a ``.t()`` view), not plain contiguous."""
+    return w.shape[0] > 1 and w.shape[1] > 1 and w.stride() == (1, w.shape[0])
+
+
+def _weight_gradient(x: torch.Tensor, dh: torch.Tensor, transposed: bool) -> torch.Tensor:
+    """``x^T @ dh``, as a contiguous ``[D, N]`` or (``transposed``) as the ``.t()`` view of a
+    contiguous ``[N, D]``; the GEMM's left operand is copied contiguous where that helps."""
+    left, right = (dh, x) if transposed else (x, dh)
+    lt = transposed_copy(left) if contiguous_transpose_helps(left) else left.t()
+    product = lt @ right
+    return product.t() if transposed else product
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
