@@ -13,7 +13,8 @@
 //   hstu_ln_cast(x, dtype) -> y, mean, rstd   y = LayerNorm(x) of fp32 rows (no affine, eps 1e-6)
 //                                           written in dtype: under bf16 autocast the pre-norm of
 //                                           the residual stream and its cast, in one pass
-//   hstu_ln_cast_bwd(dy, x, mean, rstd) -> dx (fp32)
+//   hstu_ln_cast_bwd(dy, x, mean, rstd, add) -> dx (fp32)   (+ add: the residual stream's gradient)
+//   hstu_cast_colsum(dy, dtype) -> dy', sums  dy in dtype and its column sums, one pass
 //   hstu_residual_add(x, o, bias) -> y       y = x + o + bias: the fp32 residual stream plus a
 //                                           projection's output in the compute dtype, one pass
 //   hstu_transpose(x) -> x^T                 contiguous, 2- or 4-byte elements, blocked
@@ -256,8 +257,8 @@ __attribute__((always_inline)) inline void ln_cast_range(const float* x, int64_t
 
 template <typename T>
 __attribute__((always_inline)) inline void ln_cast_bwd_range(const T* dy, const float* x, const float* mean,
-                                                             const float* rstd, int64_t r0, int64_t r1, int64_t D,
-                                                             float* dx) {
+                                                             const float* rstd, const float* add, int64_t r0,
+                                                             int64_t r1, int64_t D, float* dx) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * D;
     const T* g = dy + r * D;
@@ -265,7 +266,27 @@ __attribute__((always_inline)) inline void ln_cast_bwd_range(const T* dy, const 
     const float md = sum16(D, [&](int64_t c) { return to_f(g[c]); }) / static_cast<float>(D);
     const float mdx = sum16(D, [&](int64_t c) { return to_f(g[c]) * (xr[c] - m) * rs; }) / static_cast<float>(D);
     float* d = dx + r * D;
-    for (int64_t c = 0; c < D; ++c) d[c] = rs * (to_f(g[c]) - md - (xr[c] - m) * rs * mdx);
+    if (add) {
+      const float* a = add + r * D;
+      for (int64_t c = 0; c < D; ++c) d[c] = a[c] + rs * (to_f(g[c]) - md - (xr[c] - m) * rs * mdx);
+    } else {
+      for (int64_t c = 0; c < D; ++c) d[c] = rs * (to_f(g[c]) - md - (xr[c] - m) * rs * mdx);
+    }
+  }
+}
+
+// out = dy in out's type and part[c] = sum of dy[r, c] over rows [r0, r1) (fp32, in row order)
+template <typename O>
+__attribute__((always_inline)) inline void cast_colsum_range(const float* dy, int64_t r0, int64_t r1, int64_t D,
+                                                             O* out, float* part) {
+  for (int64_t c = 0; c < D; ++c) part[c] = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* g = dy + r * D;
+    O* o = out + r * D;
+    for (int64_t c = 0; c < D; ++c) {
+      part[c] += g[c];
+      o[c] = O(g[c]);
+    }
   }
 }
 
@@ -296,8 +317,11 @@ __attribute__((always_inline)) inline void ln_cast_bwd_range(const T* dy, const 
     ln_cast_range<T>(x, r0, r1, D, y, mean, rstd);                                                                  \
   }                                                                                                                 \
   TRA_LAYER_VECTOR void ln_cast_bwd_##S(const T* dy, const float* x, const float* mean, const float* rstd,         \
-                                        int64_t r0, int64_t r1, int64_t D, float* dx) {                             \
-    ln_cast_bwd_range<T>(dy, x, mean, rstd, r0, r1, D, dx);                                                         \
+                                        const float* add, int64_t r0, int64_t r1, int64_t D, float* dx) {           \
+    ln_cast_bwd_range<T>(dy, x, mean, rstd, add, r0, r1, D, dx);                                                    \
+  }                                                                                                                 \
+  TRA_LAYER_VECTOR void cast_colsum_##S(const float* dy, int64_t r0, int64_t r1, int64_t D, T* out, float* part) { \
+    cast_colsum_range<T>(dy, r0, r1, D, out, part);                                                                 \
   }
 TRA_LAYER_INSTANCES(float, f32)
 TRA_LAYER_INSTANCES(bf16, bf16)
@@ -347,13 +371,19 @@ inline void ln_cast(const float* x, int64_t r0, int64_t r1, int64_t D, float* y,
 inline void ln_cast(const float* x, int64_t r0, int64_t r1, int64_t D, bf16* y, float* m, float* rs) {
   ln_cast_bf16(x, r0, r1, D, y, m, rs);
 }
-inline void ln_cast_bwd(const float* dy, const float* x, const float* m, const float* rs, int64_t r0, int64_t r1,
-                        int64_t D, float* dx) {
-  ln_cast_bwd_f32(dy, x, m, rs, r0, r1, D, dx);
+inline void ln_cast_bwd(const float* dy, const float* x, const float* m, const float* rs, const float* add, int64_t r0,
+                        int64_t r1, int64_t D, float* dx) {
+  ln_cast_bwd_f32(dy, x, m, rs, add, r0, r1, D, dx);
 }
-inline void ln_cast_bwd(const bf16* dy, const float* x, const float* m, const float* rs, int64_t r0, int64_t r1,
-                        int64_t D, float* dx) {
-  ln_cast_bwd_bf16(dy, x, m, rs, r0, r1, D, dx);
+inline void ln_cast_bwd(const bf16* dy, const float* x, const float* m, const float* rs, const float* add, int64_t r0,
+                        int64_t r1, int64_t D, float* dx) {
+  ln_cast_bwd_bf16(dy, x, m, rs, add, r0, r1, D, dx);
+}
+inline void cast_colsum(const float* dy, int64_t r0, int64_t r1, int64_t D, float* out, float* part) {
+  cast_colsum_f32(dy, r0, r1, D, out, part);
+}
+inline void cast_colsum(const float* dy, int64_t r0, int64_t r1, int64_t D, bf16* out, float* part) {
+  cast_colsum_bf16(dy, r0, r1, D, out, part);
 }
 
 template <typename F>
@@ -506,7 +536,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> hstu_ln_cast(const at::Tensor& x,
   return {y, mean, rstd};
 }
 
-at::Tensor hstu_ln_cast_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd) {
+at::Tensor hstu_ln_cast_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
+                            const c10::optional<at::Tensor>& add) {
   check_2d("dy", dy);
   check_2d("x", x);
   TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat, "x: dtype must be float32, got ", x.scalar_type());
@@ -514,20 +545,61 @@ at::Tensor hstu_ln_cast_bwd(const at::Tensor& dy, const at::Tensor& x, const at:
   TORCH_CHECK_VALUE(mean.numel() == x.size(0) && rstd.numel() == x.size(0) && mean.scalar_type() == at::kFloat &&
                         rstd.scalar_type() == at::kFloat,
                     "mean, rstd: float32 [", x.size(0), "] expected");
-  at::Tensor xc = x.contiguous(), gc = dy.contiguous(), mc = mean.contiguous(), rc = rstd.contiguous();
+  at::Tensor xc = x.contiguous(), gc = dy.contiguous(), mc = mean.contiguous(), rc = rstd.contiguous(), ac;
+  if (add.has_value() && add->defined()) {
+    TORCH_CHECK_VALUE(add->scalar_type() == at::kFloat && add->sizes() == x.sizes(), "add: expected float32 ",
+                      x.sizes(), ", got ", add->scalar_type(), " ", add->sizes());
+    ac = add->contiguous();
+  }
   const int64_t T = xc.size(0), D = xc.size(1);
   at::Tensor dx = at::empty_like(xc);
+  const float* ap = ac.defined() ? ac.data_ptr<float>() : nullptr;
   by_dtype(gc, [&](auto tag) {
     using G = decltype(tag);
     const G* g = gc.data_ptr<G>();
     const float *xp = xc.data_ptr<float>(), *mp = mc.data_ptr<float>(), *rp = rc.data_ptr<float>();
     float* d = dx.data_ptr<float>();
     over_rows(T, D, [&](int64_t r0, int64_t r1) {
-      TRASC_LAYER_AVX512(hstu::detail::avx512_ln_cast_bwd(!std::is_same_v<G, float>, g, xp, mp, rp, r0, r1, D, d))
-      ln_cast_bwd(g, xp, mp, rp, r0, r1, D, d);
+      TRASC_LAYER_AVX512(
+          hstu::detail::avx512_ln_cast_bwd(!std::is_same_v<G, float>, g, xp, mp, rp, ap, r0, r1, D, d))
+      ln_cast_bwd(g, xp, mp, rp, ap, r0, r1, D, d);
     });
   });
   return dx;
+}
+
+// Rows per block of hstu_cast_colsum's sums: each block sums in fp32 in row order, the blocks are
+// added in double in block order (the same result on any number of threads)
+constexpr int64_t kColsumRows = 256;
+
+std::tuple<at::Tensor, at::Tensor> hstu_cast_colsum(const at::Tensor& dy, at::ScalarType dtype) {
+  TORCH_CHECK_VALUE(dy.device().is_cpu() && dy.dim() == 2 && dy.scalar_type() == at::kFloat,
+                    "dy: expected a 2-D float32 CPU tensor, got ", dy.scalar_type(), " ", dy.sizes(), " on ",
+                    dy.device());
+  TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kBFloat16, "dtype: must be float32 or bfloat16, got ", dtype);
+  at::Tensor gc = dy.contiguous();
+  const int64_t T = gc.size(0), D = gc.size(1), nb = (T + kColsumRows - 1) / kColsumRows;
+  at::Tensor out = at::empty({T, D}, gc.options().dtype(dtype));
+  at::Tensor parts = at::empty({nb, D}, gc.options());
+  by_dtype(out, [&](auto tag) {
+    using O = decltype(tag);
+    const float* g = gc.data_ptr<float>();
+    O* op = out.data_ptr<O>();
+    float* pp = parts.data_ptr<float>();
+    parallel_over(nb, T * D, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t r0 = b * kColsumRows, r1 = std::min(T, r0 + kColsumRows);
+        TRASC_LAYER_AVX512(hstu::detail::avx512_cast_colsum(!std::is_same_v<O, float>, g, r0, r1, D, op, pp + b * D))
+        cast_colsum(g, r0, r1, D, op, pp + b * D);
+      }
+    });
+  });
+  at::Tensor total = at::zeros({D}, gc.options().dtype(at::kDouble));
+  double* tp = total.data_ptr<double>();
+  const float* pp = parts.data_ptr<float>();
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t c = 0; c < D; ++c) tp[c] += pp[b * D + c];
+  return {out, total.to(at::kFloat)};
 }
 
 namespace {
@@ -617,7 +689,13 @@ void bind_hstu_layer(pybind11::module& m) {
   m.def("hstu_transpose", &hstu_transpose, "x^T as a contiguous tensor (2- or 4-byte elements), blocked");
   m.def("hstu_ln_cast", &hstu_ln_cast,
         "(y, mean, rstd): y = LayerNorm(x) of fp32 rows (no affine, eps 1e-6) written in dtype (fp32 / bf16)");
-  m.def("hstu_ln_cast_bwd", &hstu_ln_cast_bwd, "dx (fp32) of hstu_ln_cast from dy (fp32 / bf16)");
+  m.def("hstu_ln_cast_bwd", &hstu_ln_cast_bwd,
+        "dx (fp32) of hstu_ln_cast from dy (fp32 / bf16), plus add (fp32, e.g. the residual's gradient) when given",
+        pybind11::arg("dy"), pybind11::arg("x"), pybind11::arg("mean"), pybind11::arg("rstd"),
+        pybind11::arg("add") = pybind11::none());
+  m.def("hstu_cast_colsum", &hstu_cast_colsum,
+        "(dy in dtype, dy's column sums in fp32) of fp32 rows dy, one pass (a residual's backward: the output's "
+        "gradient for a half GEMM and its bias's gradient)");
   m.def("hstu_silu_split", &hstu_silu_split, "u, v, q, k = split(silu(h), widths) as contiguous tensors (fused)");
   m.def("hstu_silu_split_bwd", &hstu_silu_split_bwd, "dh of hstu_silu_split from (du, dv, dq, dk) and h");
   m.def("hstu_norm_gate", &hstu_norm_gate,

@@ -45,10 +45,13 @@ void avx512_norm_gate_bwd(bool is_bf16, const void* dy, const void* attn, const 
                           void* du);
 void avx512_dropout(bool is_bf16, const void* x, int64_t r0, int64_t r1, int64_t D, const LayerDropout& drop, void* y);
 // fp32 x -> y = LayerNorm(x) (no affine, eps 1e-6) in y's type; its backward: dx (fp32) from dy
+// (plus add, fp32, where not null)
 void avx512_ln_cast(bool is_bf16, const float* x, int64_t r0, int64_t r1, int64_t D, void* y, float* mean,
                     float* rstd);
-void avx512_ln_cast_bwd(bool is_bf16, const void* dy, const float* x, const float* mean, const float* rstd, int64_t r0,
-                        int64_t r1, int64_t D, float* dx);
+void avx512_ln_cast_bwd(bool is_bf16, const void* dy, const float* x, const float* mean, const float* rstd,
+                        const float* add, int64_t r0, int64_t r1, int64_t D, float* dx);
+// out = dy (fp32 rows [r0, r1)) in out's type; part[c] = their column sums (fp32, row order)
+void avx512_cast_colsum(bool is_bf16, const float* dy, int64_t r0, int64_t r1, int64_t D, void* out, float* part);
 // dst [C, R] = src [R, C]^T for 16-bit elements, source rows [r0, r1) (r0 even)
 void avx512_transpose16(const uint16_t* src, int64_t R, int64_t C, int64_t r0, int64_t r1, uint16_t* dst);
 #endif

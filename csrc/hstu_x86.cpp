@@ -1162,16 +1162,37 @@ void avx512_ln_cast(bool bf, const float* x, int64_t r0, int64_t r1, int64_t D, 
   }
 }
 
-void avx512_ln_cast_bwd(bool bf, const void* dy, const float* x, const float* mean, const float* rstd, int64_t r0,
-                        int64_t r1, int64_t D, float* dx) {
+void avx512_ln_cast_bwd(bool bf, const void* dy, const float* x, const float* mean, const float* rstd,
+                        const float* add, int64_t r0, int64_t r1, int64_t D, float* dx) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * D;
     const __m512 mv = _mm512_set1_ps(mean[r]), rv = _mm512_set1_ps(rstd[r]);
     auto g = [&](int64_t c, __mmask16 k) { return load16(bf, dy, r * D + c, k); };
-    layer_norm_bwd_row(
-        D, rv, [&](int64_t c, __mmask16 k) { return _mm512_maskz_mul_ps(k, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, xr + c), mv), rv); },
-        [&](int64_t c, __mmask16 k, __m512) { return g(c, k); }, g,
-        [&](int64_t c, __mmask16 k, __m512 v) { _mm512_mask_storeu_ps(dx + r * D + c, k, v); });
+    auto xh = [&](int64_t c, __mmask16 k) {
+      return _mm512_maskz_mul_ps(k, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, xr + c), mv), rv);
+    };
+    auto first = [&](int64_t c, __mmask16 k, __m512) { return g(c, k); };
+    if (add) {
+      const float* ar = add + r * D;
+      layer_norm_bwd_row(D, rv, xh, first, g, [&](int64_t c, __mmask16 k, __m512 v) {
+        _mm512_mask_storeu_ps(dx + r * D + c, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, ar + c), v));
+      });
+    } else {
+      layer_norm_bwd_row(D, rv, xh, first, g,
+                         [&](int64_t c, __mmask16 k, __m512 v) { _mm512_mask_storeu_ps(dx + r * D + c, k, v); });
+    }
+  }
+}
+
+void avx512_cast_colsum(bool bf, const float* dy, int64_t r0, int64_t r1, int64_t D, void* out, float* part) {
+  for (int64_t c = 0; c < D; c += 16) _mm512_mask_storeu_ps(part + c, first_lanes(D - c), _mm512_setzero_ps());
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t c = 0; c < D; c += 16) {
+      const __mmask16 k = first_lanes(D - c);
+      const __m512 v = _mm512_maskz_loadu_ps(k, dy + r * D + c);
+      _mm512_mask_storeu_ps(part + c, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, part + c), v));
+      store16(bf, out, r * D + c, k, v);
+    }
   }
 }
 

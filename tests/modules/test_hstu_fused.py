@@ -149,9 +149,36 @@ def test_layer_norm_with_the_kernel_equals_torch_layer_norm_then_cast():
     assert steps.max() <= 1 and (steps == 0).float().mean() > 0.99
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("uses", ["both", "normed", "skip"])
+@pytest.mark.parametrize("T, D", [(0, 8), (1, 16), (33, 40), (70, 512)])
+def test_pre_norm_gradient_sums_both_uses_as_float64(dtype, uses, T, D):
+    """``pre_norm(x)`` = (LayerNorm(x) in dtype, x); x's gradient is LayerNorm's backward plus the
+    residual's gradient (float64 autograd on the same incoming gradients), whichever outputs a
+    loss uses."""
+    x = (_rand(T, D, dtype=torch.float32, seed=T + 2 * D) * 3 + 5).requires_grad_()
+    normed, skip = hstu_fused.pre_norm(x, dtype)
+    assert normed.dtype == dtype and torch.equal(skip, x)
+    x64 = x.detach().double().requires_grad_()
+    g = _rand(T, D, dtype=dtype, seed=5)
+    gs = _rand(T, D, dtype=torch.float32, seed=6)
+    loss = 0
+    loss64 = 0
+    if uses in ("both", "normed"):
+        loss = loss + (normed.float() * g.float()).sum()
+        loss64 = loss64 + (F.layer_norm(x64, (D,), eps=1e-6) * g.double()).sum()
+    if uses in ("both", "skip"):
+        loss = loss + (skip * gs).sum()
+        loss64 = loss64 + (x64 * gs.double()).sum()
+    loss.backward()
+    loss64.backward()
+    assert x.grad.dtype == torch.float32
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("o_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_bias", [True, False])
-@pytest.mark.parametrize("T, D", [(0, 8), (1, 16), (37, 40), (70, 512), (3, 7)])
+@pytest.mark.parametrize("T, D", [(0, 8), (1, 16), (37, 40), (70, 512), (3, 7), (600, 24)])
 def test_residual_add_matches_float64(o_dtype, with_bias, T, D):
     """x + (o + bias) in fp32 from an fp32 residual, a projection output in o_dtype and an fp32
     bias; gradients: x gets dy, o dy in its dtype, bias the column sums."""
@@ -210,6 +237,11 @@ def test_bad_shapes_raise():
         extension.kernel("hstu_residual_add")(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(4))
     with pytest.raises(ValueError, match="dy: shape"):
         extension.kernel("hstu_ln_cast_bwd")(torch.zeros(2, 3), torch.zeros(2, 2), torch.zeros(2), torch.zeros(2))
+    with pytest.raises(ValueError, match="add: expected float32"):
+        extension.kernel("hstu_ln_cast_bwd")(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.zeros(2),
+                                             torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="dy: expected a 2-D float32"):
+        extension.kernel("hstu_cast_colsum")(torch.zeros(2, 3, dtype=torch.bfloat16), torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -229,6 +261,8 @@ def test_vector_and_plain_paths_agree(dtype):
         "dropout": lambda: [ext.hstu_dropout(u, 0.4, 99)],
         "ln_cast": lambda: list(ext.hstu_ln_cast(x32, dtype)),
         "ln_cast_bwd": lambda: [ext.hstu_ln_cast_bwd(g, x32, *ext.hstu_ln_cast(x32, dtype)[1:])],
+        "ln_cast_bwd_add": lambda: [ext.hstu_ln_cast_bwd(g, x32, *ext.hstu_ln_cast(x32, dtype)[1:], x32 * 3)],
+        "cast_colsum": lambda: list(ext.hstu_cast_colsum(torch.cat([x32] * 7), dtype)),  # 315 rows: 2 blocks
     }
     old = ext._set_isa_cap(2)
     try:

@@ -226,9 +226,11 @@ class HSTUBlock(nn.Module):
         T, H = x.shape[0], self.num_heads
         dv, dqk = self.linear_dim, self.attention_dim
         # fused on CPU (modules/hstu_fused.py), the same torch ops elsewhere: the pre-norm written
-        # in the dtype the projection multiplies in (bf16 under autocast; statistics in fp32),
+        # in the dtype the projection multiplies in (bf16 under autocast; statistics in fp32; x
+        # for the residual through the same node: one backward pass adds both gradients),
         # silu + split into contiguous u, v, q, k, and dropout(u * LN(attn))
-        h = project(hstu_fused.layer_norm(x, compute_dtype(x)), self.uvqk)  # modules/projection.py
+        normed, skip = hstu_fused.pre_norm(x, compute_dtype(x))
+        h = project(normed, self.uvqk)  # modules/projection.py
         u, v, q, k = hstu_fused.silu_split(h, [H * dv, H * dv, H * dqk, H * dqk])
         bias = (self.relative_bias.attention_kwargs(timestamps, h.dtype)
                 if self.relative_bias is not None else {})
@@ -242,7 +244,7 @@ class HSTUBlock(nn.Module):
         # written in the layout of nn.Linear's [out, in] weight),
         # its bias and the residual added in fp32 in one pass
         o = project(hstu_fused.norm_gate(attn, u, self.dropout.p, self.training), self.output.weight.t())
-        return hstu_fused.residual_add(x, o, self.output.bias)
+        return hstu_fused.residual_add(skip, o, self.output.bias)
 
 
 class HSTUStack(nn.Module):

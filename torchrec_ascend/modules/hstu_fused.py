@@ -11,8 +11,12 @@ built): same semantics, fewer passes over memory.
   dtype -- under bf16 autocast the pre-norm of the fp32 residual stream and its cast to bf16 in one
   pass each way (forward: no fp32 normalised tensor then a cast; backward: no cast of the bf16
   gradient to fp32 before LayerNorm's backward);
+* :func:`pre_norm`: :func:`layer_norm` plus ``x`` itself for the layer's residual, through one
+  autograd node, so that the backward adds the residual's gradient to LayerNorm's in LayerNorm's
+  own pass (not a separate ``dx += ...`` over ``[T, D]`` fp32 by the autograd engine);
 * :func:`residual_add`: ``x + o + bias``, the fp32 residual plus the output projection (bias
-  kept in fp32, not rounded into a bf16 GEMM), in one pass.
+  kept in fp32, not rounded into a bf16 GEMM), in one pass; its backward casts the gradient for
+  the bf16 projection and sums it for the bias in one pass.
 
 Dropout masks come from a counter-based hash of a seed and the element's index (the backward
 regenerates them); the seed is drawn from torch's default generator, so ``torch.manual_seed``
@@ -30,7 +34,7 @@ import torch.nn.functional as F
 
 from ..ops import extension
 
-__all__ = ["silu_split", "norm_gate", "dropout", "layer_norm", "residual_add", "fused_available"]
+__all__ = ["silu_split", "norm_gate", "dropout", "layer_norm", "pre_norm", "residual_add", "fused_available"]
 
 _EPS = 1e-6
 _DTYPES = (torch.float32, torch.bfloat16)
@@ -144,28 +148,43 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return _Dropout.apply(x, float(p), seed)
 
 
-class _LayerNorm(torch.autograd.Function):
+class _PreNorm(torch.autograd.Function):
+    """(LayerNorm(x) in dtype, x): the backward's dx = LayerNorm's + the second output's gradient,
+    one kernel pass."""
+
     @staticmethod
     def forward(ctx, x: torch.Tensor, dtype: torch.dtype):
         y, mean, rstd = extension.kernel("hstu_ln_cast")(x, dtype)
         ctx.save_for_backward(x, mean, rstd)
-        return y
+        ctx.set_materialize_grads(False)
+        return y, x.view_as(x)
 
     @staticmethod
-    def backward(ctx, dy):
+    def backward(ctx, dy, dskip):
         x, mean, rstd = ctx.saved_tensors
-        return extension.kernel("hstu_ln_cast_bwd")(dy.contiguous(), x, mean, rstd), None
+        if dy is None:  # only the residual was used
+            return dskip, None
+        add = dskip.float().contiguous() if dskip is not None else None
+        return extension.kernel("hstu_ln_cast_bwd")(dy.contiguous(), x, mean, rstd, add), None
+
+
+def pre_norm(x: torch.Tensor, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(layer_norm(x, dtype), x)``: a pre-norm layer's two uses of its input ``x [T, D]`` -- the
+    normalised rows and the residual -- through one autograd node where the fused kernels take
+    ``x`` (its backward adds the residual's gradient inside LayerNorm's pass); elsewhere
+    ``(layer_norm(x, dtype), x)`` as they are."""
+    if x.dim() != 2:
+        raise ValueError(f"x: expected [T, D], got {tuple(x.shape)}")
+    if x.dtype == torch.float32 and dtype in _DTYPES and fused_available(x):
+        return _PreNorm.apply(x, dtype)
+    widened = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    return F.layer_norm(widened, (x.shape[1],), eps=_EPS).to(dtype), x
 
 
 def layer_norm(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``LayerNorm(x)`` over the last dimension (no affine, eps 1e-6), statistics in fp32 (half
     inputs are widened first), the result in ``dtype``; ``x``: ``[T, D]``."""
-    if x.dim() != 2:
-        raise ValueError(f"x: expected [T, D], got {tuple(x.shape)}")
-    if x.dtype == torch.float32 and dtype in _DTYPES and fused_available(x):
-        return _LayerNorm.apply(x, dtype)
-    widened = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    return F.layer_norm(widened, (x.shape[1],), eps=_EPS).to(dtype)
+    return pre_norm(x, dtype)[0]
 
 
 class _ResidualAdd(torch.autograd.Function):
@@ -177,8 +196,13 @@ class _ResidualAdd(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        do = dy.to(ctx.o_dtype) if ctx.needs_input_grad[1] else None
-        db = dy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        want_o = ctx.needs_input_grad[1]
+        want_b = ctx.has_bias and ctx.needs_input_grad[2]
+        if want_o and want_b and ctx.o_dtype != dy.dtype:
+            do, db = extension.kernel("hstu_cast_colsum")(dy, ctx.o_dtype)
+            return dy, do, db
+        do = dy.to(ctx.o_dtype) if want_o else None
+        db = dy.sum(0) if want_b else None
         return dy, do, db
 
 
