@@ -101,6 +101,24 @@ def _pool_hits(pool_ids: torch.Tensor, pos_ids: torch.Tensor):
     return t_idx, j_idx
 
 
+def _mask_hits(logits: torch.Tensor, t_idx: torch.Tensor, j_idx: torch.Tensor) -> torch.Tensor:
+    """``logits`` with ``MASKED_LOGIT`` at ``(t_idx, j_idx)``, for a logsumexp over each row.
+
+    A fresh (non-view) ``logits`` is written in place outside autograd: through the logsumexp a
+    masked entry's gradient is ``g * exp(MASKED_LOGIT - lse) = 0`` exactly (the exponent
+    underflows; the loss's final logsumexp also takes the positive's finite logit), which is all
+    ``index_put``'s backward would write there, so its two ``[T, R]`` clones (the logits, and
+    their gradient) are saved.  No node has saved ``logits`` yet (``mm`` / ``addmm`` / ``add`` keep
+    their inputs, not their output).  A view is masked out of place as before."""
+    if t_idx.numel() == 0:
+        return logits
+    if logits._base is not None:
+        return logits.index_put((t_idx, j_idx), logits.new_tensor(MASKED_LOGIT))
+    with torch.no_grad():
+        logits.index_put_((t_idx, j_idx), logits.new_tensor(MASKED_LOGIT))
+    return logits
+
+
 class SampledSoftmaxLoss(torch.nn.Module):
     """Sampled softmax with logQ correction, accidental-hit masking and a shared negative pool.
 
@@ -180,7 +198,7 @@ class SampledSoftmaxLoss(torch.nn.Module):
                 logits = q @ n.t()
             # accidental hits are few: find them by binary search, not a dense [T, R] compare
             t_idx, j_idx = _pool_hits(s.ids.to(pos_ids.device), pos_ids)
-            logits = logits.index_put((t_idx, j_idx), logits.new_tensor(MASKED_LOGIT))
+            logits = _mask_hits(logits, t_idx, j_idx)
         else:
             logits = torch.einsum("td,tkd->tk", q, n)
             if self.logq_correction:

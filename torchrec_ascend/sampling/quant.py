@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import device as _device
+from ..modules.projection import transposed_copy
 
 __all__ = [
     "HALF_DTYPES",
@@ -173,6 +174,23 @@ def half_mm(a: QuantizedRows, b: QuantizedRows, transpose_b: bool = True,
     return out
 
 
+def _never_scales(dtype: torch.dtype, per_row_scale: Union[bool, str]) -> bool:
+    """Whether :func:`quantize_rows` leaves every matrix unscaled (rounding is then elementwise)."""
+    return per_row_scale is False or (per_row_scale == "auto" and dtype == torch.bfloat16)
+
+
+def _padded(x: QuantizedRows, rows: int) -> QuantizedRows:
+    """``x`` with zero rows (scale 1) appended up to ``rows``; only the new rows are written."""
+    n = x.data.shape[0]
+    if n == rows:
+        return x
+    data = x.data.new_empty((rows,) + tuple(x.data.shape[1:]))
+    data[:n].copy_(x.data)
+    data[n:].zero_()
+    scale = None if x.scale is None else torch.cat([x.scale, x.scale.new_ones(rows - n)])
+    return QuantizedRows(data, scale)
+
+
 class HalfLogits(torch.autograd.Function):
     """``q @ n.T`` in half precision with fp32 accumulation; fp32 gradients for fp32 inputs."""
 
@@ -181,12 +199,13 @@ class HalfLogits(torch.autograd.Function):
                 per_row_scale: Union[bool, str], compute: str) -> torch.Tensor:
         # the query rows (their count changes every step) padded with zero rows where the half
         # GEMMs would otherwise be new shapes for the device's primitive cache
-        # (device.gemm_row_multiple)
+        # (device.gemm_row_multiple); padded after rounding (half the bytes, no fp32 copy)
         rows = q.shape[0]
         ctx.rows = rows
+        padded = rows
         if _use_half_compute(compute, q.device, dtype):
-            q = F.pad(q, (0, 0, 0, -rows % _device.gemm_row_multiple(q.device, dtype)))
-        qq = quantize_rows(q, dtype, per_row_scale)
+            padded += -rows % _device.gemm_row_multiple(q.device, dtype)
+        qq = _padded(quantize_rows(q, dtype, per_row_scale), padded)
         nq = quantize_rows(n, dtype, per_row_scale)
         ctx.dtype, ctx.per_row_scale, ctx.compute = dtype, per_row_scale, compute
         ctx.q_dtype, ctx.n_dtype = q.dtype, n.dtype
@@ -201,18 +220,26 @@ class HalfLogits(torch.autograd.Function):
         qd, nd, qs, ns = ctx.saved_tensors
         qq = QuantizedRows(qd, qs if ctx.has_scale[0] else None)
         nq = QuantizedRows(nd, ns if ctx.has_scale[1] else None)
-        grad = F.pad(grad.float(), (0, 0, 0, qd.shape[0] - ctx.rows))  # the forward's padding
-        gq_out = gn_out = None
-        if ctx.needs_input_grad[0]:
+        padded, rows = qd.shape[0], ctx.rows
+        grad = grad.float()
+        unscaled = (_never_scales(ctx.dtype, ctx.per_row_scale) and qq.scale is None
+                    and nq.scale is None)
+        gq_out = gn_out = gq = None
+        if ctx.needs_input_grad[0] or unscaled:
             # dQ = G @ N_deq = (G * sn) @ Nd: fold n's column scales into G, then quantize G rows
             g = grad if nq.scale is None else grad * nq.scale[None, :]
-            gq = quantize_rows(g, ctx.dtype, ctx.per_row_scale)
+            gq = _padded(quantize_rows(g, ctx.dtype, ctx.per_row_scale), padded)
+        if ctx.needs_input_grad[0]:
             gq_out = half_mm(gq, QuantizedRows(nq.data, None), transpose_b=False,
-                             compute=ctx.compute)[:ctx.rows].to(ctx.q_dtype)
+                             compute=ctx.compute)[:rows].to(ctx.q_dtype)
         if ctx.needs_input_grad[1]:
             # dN = G.T @ Q_deq = (G.T * sq) @ Qd
-            gt = grad.t() if qq.scale is None else grad.t() * qq.scale[None, :]
-            gtq = quantize_rows(gt.contiguous(), ctx.dtype, ctx.per_row_scale)
+            if unscaled:  # G.T's rounded rows are G's transposed
+                gtq = QuantizedRows(transposed_copy(gq.data), None)
+            else:
+                gt = grad.t() if qq.scale is None else grad.t() * qq.scale[None, :rows]
+                gtq = quantize_rows(gt.contiguous(), ctx.dtype, ctx.per_row_scale)
+                gtq = QuantizedRows(F.pad(gtq.data, (0, padded - rows)), gtq.scale)
             gn_out = half_mm(gtq, QuantizedRows(qq.data, None), transpose_b=False,
                              compute=ctx.compute).to(ctx.n_dtype)
         return gq_out, gn_out, None, None, None
