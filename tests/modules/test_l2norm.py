@@ -1,5 +1,6 @@
-"""modules/l2norm.py: l2_normalize against torch.nn.functional.normalize (value and gradient,
-float64 and fp32), rows of norm 0, under and just over eps, and torch's gradcheck."""
+"""modules/l2norm.py: l2_normalize (times a scale) against torch.nn.functional.normalize (value
+and gradient, float64 and fp32), rows of norm 0, under and just over eps, and torch's
+gradcheck."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from torchrec_ascend.modules.l2norm import l2_normalize
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("shape", [(0, 8), (1, 1), (37, 64), (3, 5, 7)])
-def test_value_and_gradient_equal_f_normalize(dtype, shape):
+@pytest.mark.parametrize("scale", [1.0, 20.0, -0.5])
+def test_value_and_gradient_equal_f_normalize(dtype, shape, scale):
     g = torch.Generator().manual_seed(sum(shape))
     x0 = torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
     if x0.shape[0] > 2:  # a zero row, a row under eps, one just over it
@@ -22,7 +24,7 @@ def test_value_and_gradient_equal_f_normalize(dtype, shape):
     dy = torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
     a = x0.clone().requires_grad_()
     b = x0.clone().requires_grad_()
-    ya, yb = l2_normalize(a, 1e-3), F.normalize(b, dim=-1, eps=1e-3)
+    ya, yb = l2_normalize(a, 1e-3, scale), F.normalize(b, dim=-1, eps=1e-3) * scale
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(ya, yb, **tol)
     ya.backward(dy)
@@ -30,11 +32,15 @@ def test_value_and_gradient_equal_f_normalize(dtype, shape):
     torch.testing.assert_close(a.grad, b.grad, **tol)
 
 
-def test_gradcheck():
+@pytest.mark.parametrize("scale", [1.0, 7.0])
+def test_gradcheck(scale):
     x = torch.randn(6, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
-    assert torch.autograd.gradcheck(lambda t: l2_normalize(t, 1e-12), (x,))
+    assert torch.autograd.gradcheck(lambda t: l2_normalize(t, 1e-12, scale), (x,))
 
 
-def test_scalar_refused():
+def test_scalar_and_bad_scale_refused():
     with pytest.raises(ValueError, match="at least one dimension"):
         l2_normalize(torch.tensor(1.0))
+    for bad in (0.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="scale: expected a finite non-zero number"):
+            l2_normalize(torch.ones(2, 3), scale=bad)

@@ -165,8 +165,11 @@ class SampledSoftmaxLoss(torch.nn.Module):
                 f"logq_correction={self.logq_correction}, half={self.half_dtype}, "
                 f"reduction={self.reduction!r}")
 
-    def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        return l2_normalize(x.float()) if self.l2_normalize else x.float()
+    def _norm(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """``x`` in fp32, L2-normalised where the loss normalises, times ``scale``."""
+        if self.l2_normalize:
+            return l2_normalize(x.float(), scale=scale)
+        return x.float() * scale if scale != 1.0 else x.float()
 
     def _neg_logits(self, q: torch.Tensor, pos_ids: torch.Tensor, s: NegativeSample,
                     emb: torch.Tensor, mask: Optional[torch.Tensor],
@@ -270,8 +273,8 @@ class SampledSoftmaxLoss(torch.nn.Module):
                 neg_mask = neg_mask[rows]
 
         pos_ids = pos_ids.to(torch.int64)
-        q = self._norm(query) * (1.0 / self.temperature)
-        pos = (q * self._norm(pos_emb)).sum(-1)
+        q = self._norm(query, 1.0 / self.temperature)
+        pos = torch.linalg.vecdot(q, self._norm(pos_emb))
         if self.logq_correction and self.correct_positive:
             if self.validate and pos.numel() and not bool(torch.isfinite(negatives.pos_log_q).all()):
                 raise ValueError("negatives.pos_log_q: not finite; a positive the sampler can never "
