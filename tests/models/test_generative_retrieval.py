@@ -72,6 +72,23 @@ def test_loss_matches_float64_reference_and_padding_is_inert(dim):
     assert torch.count_nonzero(w.grad[:, :dim]) > 0
 
 
+@pytest.mark.parametrize("encoder", ["hstu", "sasrec"])
+def test_training_encodes_without_the_encoders_own_normalisation(encoder):
+    """The training forward asks the encoder for its rows before its L2 normalisation (the loss
+    normalises the query rows itself): those rows, normalised, are the unit-norm encoding (to fp32
+    rounding), and they are not unit-norm themselves (the flag reaches the encoder)."""
+    torch.manual_seed(0)
+    m = GenerativeRetrieval(30, cfg(12), encoder, temperature=TEMP, device=torch.device("cpu"))
+    m.eval()
+    b = batch()
+    emb = m.ec.embeddings["item_table"].weight[:, :12][b.items]
+    unit = m.head.encode(emb, b.offsets, b.timestamps, b.actions)
+    raw = m.head.encode(emb, b.offsets, b.timestamps, b.actions, unit_norm=False)
+    torch.testing.assert_close(unit.norm(dim=-1), torch.ones(b.num_tokens), rtol=0, atol=1e-6)
+    assert (raw.norm(dim=-1) - 1).abs().max() > 1e-2
+    torch.testing.assert_close(torch.nn.functional.normalize(raw, dim=-1), unit, rtol=1e-6, atol=1e-6)
+
+
 def test_init_item_table_is_a_function_of_the_global_row():
     m = GenerativeRetrieval(50, cfg(8), device=torch.device("cpu"))
     init_item_table(m, 50, 8, seed=3, block_rows=16)

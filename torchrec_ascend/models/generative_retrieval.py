@@ -146,9 +146,10 @@ class SequenceHead(nn.Module):
                                           half_precision=half, half_compute="half")
 
     def encode(self, item_emb: torch.Tensor, offsets: torch.Tensor, timestamps: torch.Tensor,
-               actions: torch.Tensor) -> torch.Tensor:
+               actions: torch.Tensor, unit_norm: bool = True) -> torch.Tensor:
         """Item embeddings ``[T, D]`` (+ actions) -> unit-norm sequence embeddings ``[T, D]``
-        (in ``item_emb``'s dtype; computed in ``compute_dtype`` under autocast)."""
+        (in ``item_emb``'s dtype; computed in ``compute_dtype`` under autocast); ``unit_norm=False``:
+        the encoder's output before its L2 normalisation."""
         x = item_emb[:, :self.embedding_dim]
         if self.action_proj is not None:
             # in fp32 even under mixed precision: an [T, 8] @ [8, D] product costs nothing there,
@@ -160,7 +161,7 @@ class SequenceHead(nn.Module):
         amp = (torch.autocast(x.device.type, dtype=self.compute_dtype) if mixed
                else contextlib.nullcontext())
         with amp:
-            out = self.encoder(x, offsets, timestamps)
+            out = self.encoder(x, offsets, timestamps, normalize=unit_norm)
         return out.to(item_emb.dtype) if mixed else out
 
     def forward(self, lookups: Dict[str, object], batch: SequenceBatch
@@ -174,7 +175,10 @@ class SequenceHead(nn.Module):
         neg_emb = lookups["neg"].values()[:, :self.embedding_dim]  # type: ignore[attr-defined]
         items = batch.kjt["item"].values()  # type: ignore[index]
         neg_ids = batch.kjt["neg"].values()  # type: ignore[index]
-        seq = self.encode(emb, batch.offsets, batch.timestamps, batch.actions)
+        # the loss L2-normalises its query rows itself: the encoder's normalisation of every row
+        # would be a second one (l2(l2(x)) = l2(x); one [T, D] pass each way saved)
+        seq = self.encode(emb, batch.offsets, batch.timestamps, batch.actions,
+                          unit_norm=not self.loss_fn.l2_normalize)
         q = query_positions(batch.offsets, items.numel())
         idx = batch.neg_index
         if idx is None:  # one shared pool

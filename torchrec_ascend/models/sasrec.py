@@ -46,8 +46,9 @@ class SASRecEncoder(nn.Module):
         self.norm = nn.LayerNorm(embedding_dim)
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor,
-                timestamps: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``x [T, D]`` + ``offsets [B + 1]`` -> unit-norm ``[T, D]`` (``timestamps`` unused)."""
+                timestamps: Optional[torch.Tensor] = None, normalize: bool = True) -> torch.Tensor:
+        """``x [T, D]`` + ``offsets [B + 1]`` -> unit-norm ``[T, D]`` (``timestamps`` unused;
+        ``normalize=False``: the final LayerNorm's output as it is)."""
         n = int((offsets[1:] - offsets[:-1]).max()) if offsets.numel() > 1 else 0
         if n > self.max_seq_len:
             raise ValueError(f"offsets: a sequence has length {n} > max_seq_len={self.max_seq_len}")
@@ -58,7 +59,7 @@ class SASRecEncoder(nn.Module):
         for layer in self.layers:
             h = layer(h, src_mask=causal)
         out, _ = ops.dense_to_jagged(self.norm(h), offsets, total_L=x.shape[0])
-        return l2_normalize(out)
+        return l2_normalize(out) if normalize else out
 
     def flops(self, offsets: torch.Tensor, backward: bool = False) -> float:
         """Matmul FLOPs of one forward (``backward=True``: forward + backward = 3x)."""

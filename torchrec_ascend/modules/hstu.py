@@ -14,7 +14,8 @@ Public API (stable; the KuaiRand example uses it)::
                 use_time_bias: bool = True, num_time_buckets: int = 128,
                 contextual_seq_len: int = 0, l2_normalize: bool = True)
         .forward(item_embeddings [T, D] | JaggedTensor, offsets [B + 1] | None = None,
-                 timestamps [T] | None = None, num_targets [B] | None = None) -> [T, D]
+                 timestamps [T] | None = None, num_targets [B] | None = None,
+                 normalize: bool | None = None) -> [T, D]
         .flops(offsets, backward=False) -> int;  .flops_per_token(seq_len) -> float
     InputPreprocessor(embedding_dim, max_seq_len, dropout=0.0)   x * sqrt(D) + pos_emb[p], dropout
     RelativeBias(max_seq_len, num_time_buckets=128, use_time_bias=True)   per-layer bias tables
@@ -37,7 +38,9 @@ length (``"seq_len"``); ``alpha`` defaults to ``1 / sqrt(attention_dim)``.  ``va
 including self; with ``num_targets`` the last ``num_targets[b]`` tokens (candidates) see the
 history and themselves only; the first ``contextual_seq_len`` tokens are visible to all.  The
 encoder L2-normalises its output embeddings (retrieval scores cosines) unless
-``l2_normalize=False`` (a ranker's heads read them as they are).  Details and choices: docs/hstu.md.
+``l2_normalize=False`` (a ranker's heads read them as they are); ``forward(..., normalize=False)``
+skips it for one call (a loss that normalises its query rows itself: the training step).
+Details and choices: docs/hstu.md.
 
 FLOPs (for MFU; matmul FLOPs only, 2 per multiply-add; elementwise, LayerNorm and bias ignored),
 per layer for a sequence of length ``n``::
@@ -323,9 +326,10 @@ class HSTUEncoder(nn.Module):
         offsets: Optional[torch.Tensor] = None,
         timestamps: Optional[torch.Tensor] = None,
         num_targets: Optional[torch.Tensor] = None,
+        normalize: Optional[bool] = None,
     ) -> torch.Tensor:
         """``item_embeddings [T, D]`` + ``offsets [B + 1]`` (or a JaggedTensor) -> ``[T, D]``
-        sequence embeddings (unit-norm with ``l2_normalize``)."""
+        sequence embeddings (unit-norm with ``l2_normalize``, or with ``normalize`` where given)."""
         x, offsets = _unpack(item_embeddings, offsets)
         if x.dim() != 2 or x.shape[1] != self.embedding_dim:
             raise ValueError(f"item_embeddings: expected [T, {self.embedding_dim}], got {tuple(x.shape)}")
@@ -335,7 +339,7 @@ class HSTUEncoder(nn.Module):
                 raise ValueError(f"offsets: a sequence has length {longest} > max_seq_len={self.max_seq_len}")
         x = self.preprocessor(x, offsets)
         x = self.stack(x, offsets, timestamps, num_targets)
-        if not self.l2_normalize:
+        if not (self.l2_normalize if normalize is None else normalize):
             return x
         return l2_normalize(x, _EPS)
 
