@@ -968,17 +968,27 @@ inline void store16(bool bf, void* p, int64_t i, __mmask16 k, __m512 x) {
   else _mm512_mask_storeu_ps(static_cast<float*>(p) + i, k, x);
 }
 
+// lane * 0x9E3779B1 (mod 2^32), layer_mask_hash's first multiplier times a lane number
+constexpr int lane_c1(uint32_t lane) { return static_cast<int>(lane * 0x9E3779B1u); }
+
 // the dropout factor (0 or scale) of elements idx0 .. idx0 + 15: layer_mask_hash in 16 lanes
 inline __m512 dropout16(const LayerDropout& d, uint64_t idx0) {
   if (!d.on) return _mm512_set1_ps(1.0f);
+  // layer_mask_hash's index products without a vector multiply: (lo0 + lane) * C1 = lo0 * C1 +
+  // lane * C1 (mod 2^32, wrapped or not), and the high word is hi0, plus 1 in the lanes whose low
+  // word wrapped, so its product is hi0 * C2, plus C2 there -- the same bits as multiplying
+  const uint32_t lo0 = static_cast<uint32_t>(idx0), hi0 = static_cast<uint32_t>(idx0 >> 32);
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  const __m512i lo0 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(idx0)));
-  const __m512i lo = _mm512_add_epi32(lo0, lane);
-  const __mmask16 carry = _mm512_cmplt_epu32_mask(lo, lo0);  // idx crossed a 2^32 boundary
-  __m512i hi = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(idx0 >> 32)));
-  hi = _mm512_mask_add_epi32(hi, carry, hi, _mm512_set1_epi32(1));
-  __m512i x = _mm512_xor_si512(_mm512_mullo_epi32(lo, _mm512_set1_epi32(static_cast<int>(0x9E3779B1u))),
-                               _mm512_mullo_epi32(hi, _mm512_set1_epi32(static_cast<int>(0x85EBCA77u))));
+  const __m512i lanes_c1 =
+      _mm512_set_epi32(lane_c1(15), lane_c1(14), lane_c1(13), lane_c1(12), lane_c1(11), lane_c1(10), lane_c1(9),
+                       lane_c1(8), lane_c1(7), lane_c1(6), lane_c1(5), lane_c1(4), lane_c1(3), lane_c1(2), lane_c1(1),
+                       lane_c1(0));
+  const __m512i lo_b = _mm512_set1_epi32(static_cast<int>(lo0));
+  const __mmask16 carry = _mm512_cmplt_epu32_mask(_mm512_add_epi32(lo_b, lane), lo_b);  // crossed 2^32
+  __m512i hi_c2 = _mm512_set1_epi32(static_cast<int>(hi0 * 0x85EBCA77u));
+  hi_c2 = _mm512_mask_add_epi32(hi_c2, carry, hi_c2, _mm512_set1_epi32(static_cast<int>(0x85EBCA77u)));
+  __m512i x = _mm512_xor_si512(_mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(lo0 * 0x9E3779B1u)), lanes_c1),
+                               hi_c2);
   x = _mm512_add_epi32(x, _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(d.seed))));
   x = _mm512_xor_si512(x, _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(d.seed >> 32) * 0xC2B2AE3Du)));
   x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
