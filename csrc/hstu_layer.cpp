@@ -573,9 +573,8 @@ at::Tensor hstu_ln_cast_bwd(const at::Tensor& dy, const at::Tensor& x, const at:
 constexpr int64_t kColsumRows = 256;
 
 std::tuple<at::Tensor, at::Tensor> hstu_cast_colsum(const at::Tensor& dy, at::ScalarType dtype) {
-  TORCH_CHECK_VALUE(dy.device().is_cpu() && dy.dim() == 2 && dy.scalar_type() == at::kFloat,
-                    "dy: expected a 2-D float32 CPU tensor, got ", dy.scalar_type(), " ", dy.sizes(), " on ",
-                    dy.device());
+  check_2d("dy", dy);
+  TORCH_CHECK_VALUE(dy.scalar_type() == at::kFloat, "dy: dtype must be float32, got ", dy.scalar_type());
   TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kBFloat16, "dtype: must be float32 or bfloat16, got ", dtype);
   at::Tensor gc = dy.contiguous();
   const int64_t T = gc.size(0), D = gc.size(1), nb = (T + kColsumRows - 1) / kColsumRows;

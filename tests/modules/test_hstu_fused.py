@@ -240,8 +240,10 @@ def test_bad_shapes_raise():
     with pytest.raises(ValueError, match="add: expected float32"):
         extension.kernel("hstu_ln_cast_bwd")(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.zeros(2),
                                              torch.zeros(2, 4))
-    with pytest.raises(ValueError, match="dy: expected a 2-D float32"):
+    with pytest.raises(ValueError, match="dy: dtype must be float32, got BFloat16"):
         extension.kernel("hstu_cast_colsum")(torch.zeros(2, 3, dtype=torch.bfloat16), torch.bfloat16)
+    with pytest.raises(ValueError, match="dy: expected a 2-D CPU tensor"):
+        extension.kernel("hstu_cast_colsum")(torch.zeros(6), torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
