@@ -15,10 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
+import torch
+
 from ..ops.hstu import NORMALIZATIONS, Normalization
 from ..options import Key, OptionError, choices, option
 
-__all__ = ["ModelConfig", "Encoder", "ENCODERS", "NORMALIZATIONS", "padded_dim"]
+__all__ = ["ModelConfig", "Encoder", "ENCODERS", "NORMALIZATIONS", "padded_dim", "embedding_columns"]
 
 Encoder = Literal["hstu", "sasrec"]
 """The sequence encoders: HSTU, or the SASRec baseline."""
@@ -28,6 +30,13 @@ ENCODERS = choices(Encoder)
 def padded_dim(dim: int, multiple: int = 4) -> int:
     """``dim`` rounded up to a multiple of ``multiple`` (fbgemm TBE rows are 4-aligned)."""
     return -(-int(dim) // multiple) * multiple
+
+
+def embedding_columns(values: torch.Tensor, dim: int) -> torch.Tensor:
+    """The first ``dim`` columns of looked-up rows ``[N, padded_dim(dim)]``: ``values`` itself
+    where the table has no padding columns (a full-width slice is a view whose backward is a
+    zero fill of ``[N, dim]`` plus a copy)."""
+    return values if values.shape[-1] == dim else values[..., :dim]
 
 
 @dataclass

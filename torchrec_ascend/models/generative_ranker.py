@@ -54,7 +54,7 @@ from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
 from ..modules.hstu import HSTUEncoder
 from ..options import choices
 from .batch import FieldsBatch
-from .config import ModelConfig
+from .config import ModelConfig, embedding_columns
 from .generative_retrieval import NUM_ACTIONS, action_features
 from .ranking_loss import ranking_loss, regression_outputs
 
@@ -229,7 +229,7 @@ class RankerHead(nn.Module):
                               len(task_weights) + regression_outputs(target_weight), cfg.dropout)
 
     def _values(self, lookups: Dict[str, object], key: str) -> torch.Tensor:
-        return lookups[key].values()[:, :self.dim]  # type: ignore[attr-defined]
+        return embedding_columns(lookups[key].values(), self.dim)  # type: ignore[attr-defined]
 
     def _sum(self, lookups: Dict[str, object], keys: Sequence[str], like: torch.Tensor
              ) -> torch.Tensor:

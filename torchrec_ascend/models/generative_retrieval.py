@@ -28,9 +28,10 @@ from ..datasets.schema import ACTION_BITS
 from ..distributed.sharded_state import local_pieces
 from ..metrics.flops import sampled_softmax_flops
 from ..modules.hstu import HSTUEncoder
+from ..modules.row_gather import take_rows
 from ..sampling import NegativeSample, SampledSoftmaxLoss
 from .batch import SequenceBatch, query_positions
-from .config import ENCODERS, ModelConfig
+from .config import ENCODERS, ModelConfig, embedding_columns
 from .sasrec import SASRecEncoder
 
 __all__ = ["GenerativeRetrieval", "SequenceHead", "build_encoder", "NUM_ACTIONS", "TABLE",
@@ -150,7 +151,7 @@ class SequenceHead(nn.Module):
         """Item embeddings ``[T, D]`` (+ actions) -> unit-norm sequence embeddings ``[T, D]``
         (in ``item_emb``'s dtype; computed in ``compute_dtype`` under autocast); ``unit_norm=False``:
         the encoder's output before its L2 normalisation."""
-        x = item_emb[:, :self.embedding_dim]
+        x = embedding_columns(item_emb, self.embedding_dim)
         if self.action_proj is not None:
             # in fp32 even under mixed precision: an [T, 8] @ [8, D] product costs nothing there,
             # while in bf16 on the CPU every new T would build a oneDNN primitive (device.py)
@@ -171,8 +172,8 @@ class SequenceHead(nn.Module):
         + backward matmul FLOPs of this batch, for MFU)."""
         if batch.pos_log_q is None or batch.neg_log_q is None or batch.loss_scale is None:
             raise ValueError("batch: a training batch needs pos_log_q, neg_log_q and loss_scale")
-        emb = lookups["item"].values()[:, :self.embedding_dim]  # type: ignore[attr-defined]
-        neg_emb = lookups["neg"].values()[:, :self.embedding_dim]  # type: ignore[attr-defined]
+        emb = embedding_columns(lookups["item"].values(), self.embedding_dim)  # type: ignore[attr-defined]
+        neg_emb = embedding_columns(lookups["neg"].values(), self.embedding_dim)  # type: ignore[attr-defined]
         items = batch.kjt["item"].values()  # type: ignore[index]
         neg_ids = batch.kjt["neg"].values()  # type: ignore[index]
         # the loss L2-normalises its query rows itself: the encoder's normalisation of every row
@@ -186,7 +187,8 @@ class SequenceHead(nn.Module):
         else:  # per-query negatives: distinct ids looked up once, indexed per query
             neg_ids, num_negatives = neg_ids[idx], int(idx.shape[1])
         sample = NegativeSample(neg_ids, batch.neg_log_q, batch.pos_log_q[q])
-        loss = self.loss_fn(seq[q], items[q + 1], emb[q + 1], sample, neg_emb,
+        # q is strictly increasing: take_rows' backward writes each row once (modules/row_gather.py)
+        loss = self.loss_fn(take_rows(seq, q), items[q + 1], take_rows(emb, q + 1), sample, neg_emb,
                             neg_index=idx) * batch.loss_scale
         stats = torch.tensor([float(q.numel()), float(items.numel()),
                               self.step_flops(batch.offsets, num_negatives)],
