@@ -110,8 +110,7 @@ void over_rows(int64_t rows, int64_t cols, F&& f) {
 }
 
 // Row-range bodies (templates, inlined into the per-dtype functions below, which GCC clones for
-// AVX-512 and AVX2 and picks at load time; the extension itself is built for the baseline ISA).
-#define TRA_LAYER_VECTOR __attribute__((target_clones("avx512f", "avx2", "default"), optimize("no-trapping-math")))
+// AVX-512 and AVX2 and picks at load time: TRASC_VECTOR_CLONES, isa.h).
 
 // ------------------------------------------------------------------------- silu + split
 
@@ -292,35 +291,35 @@ __attribute__((always_inline)) inline void cast_colsum_range(const float* dy, in
 
 // the per-dtype (vector-cloned) instances
 #define TRA_LAYER_INSTANCES(T, S)                                                                                    \
-  TRA_LAYER_VECTOR void silu_split_##S(const T* h, int64_t r0, int64_t r1, int64_t width, const int64_t* w4,      \
+  TRASC_VECTOR_CLONES void silu_split_##S(const T* h, int64_t r0, int64_t r1, int64_t width, const int64_t* w4,      \
                                        T* const* outs) {                                                            \
     silu_split_range<T>(h, r0, r1, width, w4, outs);                                                               \
   }                                                                                                                 \
-  TRA_LAYER_VECTOR void silu_split_bwd_##S(const T* h, int64_t r0, int64_t r1, int64_t width, const int64_t* w4,  \
+  TRASC_VECTOR_CLONES void silu_split_bwd_##S(const T* h, int64_t r0, int64_t r1, int64_t width, const int64_t* w4,  \
                                            const T* const* grads, T* dh) {                                          \
     silu_split_bwd_range<T>(h, r0, r1, width, w4, grads, dh);                                                      \
   }                                                                                                                 \
-  TRA_LAYER_VECTOR void norm_gate_##S(const T* attn, const T* u, int64_t r0, int64_t r1, int64_t D,               \
+  TRASC_VECTOR_CLONES void norm_gate_##S(const T* attn, const T* u, int64_t r0, int64_t r1, int64_t D,               \
                                       const Dropout& drop, T* y, float* mean, float* rstd) {                        \
     norm_gate_range<T>(attn, u, r0, r1, D, drop, y, mean, rstd);                                                    \
   }                                                                                                                 \
-  TRA_LAYER_VECTOR void norm_gate_bwd_##S(const T* dy, const T* attn, const T* u, const float* mean,              \
+  TRASC_VECTOR_CLONES void norm_gate_bwd_##S(const T* dy, const T* attn, const T* u, const float* mean,              \
                                           const float* rstd, int64_t r0, int64_t r1, int64_t D, const Dropout& drop, \
                                           T* dattn, T* du) {                                                        \
     norm_gate_bwd_range<T>(dy, attn, u, mean, rstd, r0, r1, D, drop, dattn, du);                                   \
   }                                                                                                                 \
-  TRA_LAYER_VECTOR void dropout_##S(const T* x, int64_t r0, int64_t r1, int64_t D, const Dropout& drop, T* y) {    \
+  TRASC_VECTOR_CLONES void dropout_##S(const T* x, int64_t r0, int64_t r1, int64_t D, const Dropout& drop, T* y) {    \
     dropout_range<T>(x, r0, r1, D, drop, y);                                                                        \
   }                                                                                                                 \
-  TRA_LAYER_VECTOR void ln_cast_##S(const float* x, int64_t r0, int64_t r1, int64_t D, T* y, float* mean,          \
+  TRASC_VECTOR_CLONES void ln_cast_##S(const float* x, int64_t r0, int64_t r1, int64_t D, T* y, float* mean,          \
                                     float* rstd) {                                                                  \
     ln_cast_range<T>(x, r0, r1, D, y, mean, rstd);                                                                  \
   }                                                                                                                 \
-  TRA_LAYER_VECTOR void ln_cast_bwd_##S(const T* dy, const float* x, const float* mean, const float* rstd,         \
+  TRASC_VECTOR_CLONES void ln_cast_bwd_##S(const T* dy, const float* x, const float* mean, const float* rstd,         \
                                         const float* add, int64_t r0, int64_t r1, int64_t D, float* dx) {           \
     ln_cast_bwd_range<T>(dy, x, mean, rstd, add, r0, r1, D, dx);                                                    \
   }                                                                                                                 \
-  TRA_LAYER_VECTOR void cast_colsum_##S(const float* dy, int64_t r0, int64_t r1, int64_t D, T* out, float* part) { \
+  TRASC_VECTOR_CLONES void cast_colsum_##S(const float* dy, int64_t r0, int64_t r1, int64_t D, T* out, float* part) { \
     cast_colsum_range<T>(dy, r0, r1, D, out, part);                                                                 \
   }
 TRA_LAYER_INSTANCES(float, f32)
@@ -605,7 +604,7 @@ namespace {
 // y = x + o + b over rows [r0, r1): the fp32 residual plus a projection's output (its dtype) and
 // the fp32 bias (b may be null)
 template <typename O>
-TRA_LAYER_VECTOR void residual_add_rows(const float* x, const O* o, const float* b, int64_t r0, int64_t r1,
+TRASC_VECTOR_CLONES void residual_add_rows(const float* x, const O* o, const float* b, int64_t r0, int64_t r1,
                                         int64_t D, float* y) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * D;
@@ -621,7 +620,7 @@ TRA_LAYER_VECTOR void residual_add_rows(const float* x, const O* o, const float*
 
 // dst[c, r] = src[r, c] over rows [r0, r1), in 32 x 32 blocks (both sides' lines stay in L1)
 template <typename E>
-TRA_LAYER_VECTOR void transpose_rows(const E* src, int64_t R, int64_t C, int64_t r0, int64_t r1, E* dst) {
+TRASC_VECTOR_CLONES void transpose_rows(const E* src, int64_t R, int64_t C, int64_t r0, int64_t r1, E* dst) {
   constexpr int64_t kB = 32;
   for (int64_t rb = r0; rb < r1; rb += kB) {
     const int64_t re = std::min(rb + kB, r1);

@@ -26,6 +26,16 @@
 #define TRASC_TARGET_PRFCHW
 #endif
 
+// A function GCC compiles three times (AVX-512, AVX2, the baseline) and picks at load time by the
+// CPU (not by isa()'s cap): loops written plainly, vectorised by the compiler; the extension
+// itself is built for the baseline ISA.  no-trapping-math lets GCC if-convert data branches.
+#if defined(TRASC_X86)
+#define TRASC_VECTOR_CLONES \
+  __attribute__((target_clones("avx512f", "avx2", "default"), optimize("no-trapping-math")))
+#else
+#define TRASC_VECTOR_CLONES
+#endif
+
 namespace torchrec_ascend {
 
 enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };

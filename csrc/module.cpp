@@ -10,6 +10,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   torchrec_ascend::bind_embedding(m);
   torchrec_ascend::bind_hstu(m);
   torchrec_ascend::bind_load_balance(m);
+  torchrec_ascend::bind_rows(m);
   // tests: cap the vector ISA the kernels pick (2 AVX-512, 1 AVX2, 0 scalar); returns the old cap
   m.def("_set_isa_cap", &torchrec_ascend::set_isa_cap);
   // tests: the LLC size in bytes the kernels plan for (-1: the OS's); returns the old override

@@ -9,4 +9,5 @@ void bind_sparse(pybind11::module& m);
 void bind_embedding(pybind11::module& m);
 void bind_hstu(pybind11::module& m);
 void bind_load_balance(pybind11::module& m);
+void bind_rows(pybind11::module& m);
 }  // namespace torchrec_ascend

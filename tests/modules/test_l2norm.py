@@ -44,3 +44,29 @@ def test_scalar_and_bad_scale_refused():
     for bad in (0.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="scale: expected a finite non-zero number"):
             l2_normalize(torch.ones(2, 3), scale=bad)
+
+
+@pytest.mark.parametrize("shape", [(5, 45), (300, 512), (2, 3, 16), (4, 0)])
+@pytest.mark.parametrize("row_kernels", [True, False])
+def test_fp32_paths_against_float64(shape, row_kernels, monkeypatch):
+    # fp32 on the CPU: the extension's one-pass row kernels (csrc/rows.cpp), or the torch code;
+    # both against float64 F.normalize of the same values (a transposed, non-contiguous input too)
+    from torchrec_ascend.modules import l2norm
+    if row_kernels and not l2norm._row_kernels(torch.ones(1)):
+        pytest.skip("extension not built")
+    monkeypatch.setattr(l2norm, "_row_kernels", lambda x: row_kernels and x.dtype == torch.float32)
+    g = torch.Generator().manual_seed(shape[-1] + 1)
+    x0 = torch.randn(*shape, generator=g) * 3
+    if shape[0] > 1 and shape[-1] > 0:
+        x0[1] = 0  # clamped: dx = scale dy / eps
+    dy = torch.randn(*shape, generator=g)
+    for x in (x0, x0.transpose(0, -1).contiguous().transpose(0, -1)):
+        a = x.clone().requires_grad_()
+        y = l2_normalize(a, 1e-6, 20.0)
+        y.backward(dy)
+        b = x.double().requires_grad_()
+        yb = F.normalize(b, dim=-1, eps=1e-6) * 20.0
+        yb.backward(dy.double())
+        assert y.dtype == torch.float32 and a.grad.dtype == torch.float32
+        torch.testing.assert_close(y.double(), yb, rtol=2e-6, atol=1e-6)
+        torch.testing.assert_close(a.grad.double(), b.grad, rtol=2e-6, atol=2e-6)

@@ -34,6 +34,7 @@ from typing import List, Optional, Union
 import torch
 
 from ..modules.l2norm import l2_normalize
+from ..modules.logsumexp import logsumexp_rows
 from ..ops.validation import FLOAT_DTYPES, INDEX_DTYPES, check_same_device, check_tensor
 from .quant import COMPUTE_MODES, half_logits, resolve_half_dtype
 from .samplers import NegativeSample
@@ -283,11 +284,11 @@ class SampledSoftmaxLoss(torch.nn.Module):
             pos = pos - negatives.pos_log_q.to(pos.dtype)
 
         parts: List[torch.Tensor] = [pos]
-        parts.append(torch.logsumexp(
-            self._neg_logits(q, pos_ids, negatives, neg_emb, neg_mask, neg_index), dim=1))
+        parts.append(logsumexp_rows(
+            self._neg_logits(q, pos_ids, negatives, neg_emb, neg_mask, neg_index)))
         if extra_negatives is not None:
-            parts.append(torch.logsumexp(
-                self._neg_logits(q, pos_ids, extra_negatives, extra_neg_emb, None), dim=1))
+            parts.append(logsumexp_rows(
+                self._neg_logits(q, pos_ids, extra_negatives, extra_neg_emb, None)))
         lse = torch.logsumexp(torch.stack(parts, dim=1), dim=1)
         loss = lse - pos
         if self.reduction == "mean":
