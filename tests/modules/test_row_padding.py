@@ -76,3 +76,20 @@ def test_stack_with_padding_rows_equals_the_stack_without(monkeypatch, contextua
         out[multiple] = [y.detach(), x.grad.clone()] + [p.grad.clone() for p in stack.parameters()]
     for a, b in zip(out[1], out[64]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows, padded", [(5, 8), (0, 4), (7, 7), (1, 64)])
+def test_real_rows_value_and_gradient(rows, padded):
+    # real_rows(x, rows) is x[:rows]; its gradient (written into uninitialised memory) is the
+    # slice's: the incoming rows, zeros for the padding rows
+    from torchrec_ascend.modules.row_padding import real_rows
+    g = torch.Generator().manual_seed(rows + padded)
+    x0 = torch.randn(padded, 3, generator=g, dtype=torch.float64)
+    gy = torch.randn(rows, 3, generator=g, dtype=torch.float64)
+    a, b = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+    ya, yb = real_rows(a, rows), b[:rows]
+    assert torch.equal(ya, yb)
+    ya.backward(gy)
+    yb.backward(gy)
+    assert torch.equal(a.grad, b.grad)
+    assert (real_rows(a, padded) is a) == True

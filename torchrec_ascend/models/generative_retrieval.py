@@ -155,7 +155,8 @@ class SequenceHead(nn.Module):
         if self.action_proj is not None:
             # in fp32 even under mixed precision: an [T, 8] @ [8, D] product costs nothing there,
             # while in bf16 on the CPU every new T would build a oneDNN primitive (device.py)
-            x = x + self.action_proj(action_features(actions).to(x.dtype))
+            # x + features @ W^T in one pass (addmm), not the product's [T, D] and then the sum
+            x = torch.addmm(x, action_features(actions).to(x.dtype), self.action_proj.weight.t())
         mixed = self.compute_dtype != torch.float32
         # no autocast object at all in fp32: its constructor rejects devices without AMP
         # support (the simulated npu) even when disabled

@@ -65,7 +65,7 @@ from ..ops import hstu as hstu_ops
 from . import hstu_fused
 from .l2norm import l2_normalize
 from .projection import compute_dtype, project
-from .row_padding import pad_jagged, row_multiple
+from .row_padding import pad_jagged, real_rows, row_multiple
 
 __all__ = [
     "HSTUEncoder",
@@ -286,7 +286,7 @@ class HSTUStack(nn.Module):
         x = b.x
         for i, layer in enumerate(self.layers):
             x = layer(x, b.offsets, b.timestamps, b.num_targets, validate=validate and i == 0)
-        return x[:b.rows]
+        return real_rows(x, b.rows)
 
 
 class HSTUEncoder(nn.Module):

@@ -4,7 +4,8 @@
 ``x``'s shape and then adds the gradient's rows into it (``index_put_`` with accumulation): two
 passes over ``[N, D]``, the second a slow accumulating scatter.  Where ``index`` is strictly
 increasing (so no row is taken twice: the retrieval loss's query rows and their next items),
-the gradient's rows are copied to their places and only the rows not taken are zeroed.
+the gradient's rows are gathered to their places (``index_select``, which copies whole rows) and
+only the rows not taken are zeroed.
 Elsewhere (an index that repeats or goes back, or a device other than the CPU, where checking
 the index would wait for the device) it is plain ``x[index]``.
 """
@@ -26,10 +27,15 @@ class _TakeRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: torch.Tensor):  # type: ignore[override]
         (index,) = ctx.saved_tensors
-        dx = g.new_empty((ctx.rows,) + tuple(g.shape[1:]))
-        dx.index_copy_(0, index, g)
+        if index.numel() == 0:
+            return g.new_zeros((ctx.rows,) + tuple(g.shape[1:])), None
+        # row r of dx is row source[r] of g (a row-copying gather: index_copy_ / index_put_ go
+        # element by element on the CPU); the rows not taken read row 0 and are zeroed after
+        source = torch.zeros(ctx.rows, dtype=torch.int64, device=g.device)
+        source[index] = torch.arange(index.numel(), device=g.device)
         taken = torch.zeros(ctx.rows, dtype=torch.bool, device=g.device)
         taken[index] = True
+        dx = g.index_select(0, source)
         dx.index_fill_(0, torch.nonzero(~taken).squeeze(1), 0.0)
         return dx, None
 

@@ -18,7 +18,7 @@ import torch
 from ..device import gemm_row_multiple
 from .projection import compute_dtype
 
-__all__ = ["row_multiple", "PaddedBatch", "pad_jagged"]
+__all__ = ["row_multiple", "PaddedBatch", "pad_jagged", "real_rows"]
 
 
 def row_multiple(x: torch.Tensor) -> int:
@@ -56,3 +56,28 @@ def pad_jagged(x: torch.Tensor, offsets: torch.Tensor, timestamps: Optional[torc
     if num_targets is not None:
         num_targets = torch.cat([num_targets, num_targets.new_zeros(len(lens))])
     return PaddedBatch(x, offsets, timestamps, num_targets, rows)
+
+
+class _RealRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, rows: int) -> torch.Tensor:  # type: ignore[override]
+        ctx.padded = x.shape[0]
+        return x[:rows]
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):  # type: ignore[override]
+        rows = g.shape[0]
+        dx = g.new_empty((ctx.padded,) + tuple(g.shape[1:]))
+        dx[:rows].copy_(g)
+        dx[rows:].zero_()
+        return dx, None
+
+
+def real_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x[:rows]``: a padded batch's real rows (a view).  Its gradient is written once: the
+    gradient's rows, then zeros for the padding rows (autograd's backward of the slice fills all
+    of ``x``'s shape with zeros and then copies the gradient in: two passes)."""
+    if rows == x.shape[0]:
+        return x
+    return _RealRows.apply(x, rows)
+
