@@ -59,3 +59,31 @@ def test_non_finite_gradient_changes_nothing():
         opt.step()
     for p, b in zip(ps, before):
         assert torch.equal(p.detach(), b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gradient_norm_against_float64(dtype):
+    from torchrec_ascend.training.trainer import gradient_norm
+    g = torch.Generator().manual_seed(4)
+    grads = [torch.randn(s, generator=g, dtype=torch.float64).to(dtype) * 3
+             for s in [(512, 70), (33,), (1,), (0,), (7, 5, 3)]]
+    ref = math.sqrt(sum(float((x.double() ** 2).sum()) for x in grads))
+    n = gradient_norm(grads)
+    assert n.dim() == 0 and n.dtype == dtype
+    assert abs(float(n) - ref) <= (1e-6 if dtype == torch.float32 else 1e-12) * ref
+    # non-contiguous gradients (a transposed view) read the same values
+    assert float(gradient_norm([x.t() if x.dim() == 2 else x for x in grads])) == pytest.approx(ref, rel=1e-6)
+
+
+def test_gradient_norm_non_finite_and_overflow():
+    from torchrec_ascend.training.trainer import gradient_norm
+    for bad in (math.nan, math.inf):
+        x = torch.ones(10)
+        x[3] = bad
+        assert not math.isfinite(float(gradient_norm([torch.ones(4), x])))
+    # squares near and past fp32's range: the fp32 dot overflows, get_total_norm decides
+    for v in (1e17, 1e19, 1e20):
+        big = [torch.full((4,), v), torch.ones(3)]
+        want = float(torch.nn.utils.get_total_norm(big))
+        got = float(gradient_norm(big))
+        assert got == pytest.approx(want, rel=1e-6) if math.isfinite(want) else got == want
