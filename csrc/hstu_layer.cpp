@@ -10,6 +10,11 @@
 //                                           1e-6, statistics in fp32), y in u's dtype
 //   hstu_norm_gate_bwd(dy, attn, u, mean, rstd, p, seed) -> dattn, du
 //   hstu_dropout(x, p, seed) -> y;  hstu_dropout_bwd(dy, p, seed) -> dx
+//   hstu_input_rows(x, table, positions, scale, p, seed) -> y
+//                                           y = dropout_p(table[positions] + scale x) of fp32
+//                                           rows (the encoder's input: positions' embeddings),
+//                                           one pass; the same mask as hstu_dropout's on that sum
+//   hstu_input_rows_bwd(dy, positions, rows, scale, p, seed) -> dx, dtable
 //   hstu_ln_cast(x, dtype) -> y, mean, rstd   y = LayerNorm(x) of fp32 rows (no affine, eps 1e-6)
 //                                           written in dtype: under bf16 autocast the pre-norm of
 //                                           the residual stream and its cast, in one pass
@@ -498,6 +503,83 @@ std::tuple<at::Tensor, at::Tensor> hstu_norm_gate_bwd(const at::Tensor& dy, cons
   return {da.to(attn.scalar_type()), du};
 }
 
+// ------------------------------------------------------------------------- input rows
+
+TRASC_VECTOR_CLONES void input_rows(const float* x, const float* table, const int64_t* pos, int64_t r0, int64_t r1,
+                                    int64_t D, float scale, const Dropout& drop, float* y) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* t = table + pos[r] * D;
+    const float* xr = x + r * D;
+    float* yr = y + r * D;
+    const uint64_t base = static_cast<uint64_t>(r * D);
+    for (int64_t c = 0; c < D; ++c) yr[c] = (t[c] + scale * xr[c]) * drop.factor(base + c);
+  }
+}
+
+// rows in order on one thread: rows of different sequences add into the same table rows
+TRASC_VECTOR_CLONES void input_rows_bwd(const float* dy, const int64_t* pos, int64_t T, int64_t D, float scale,
+                                        const Dropout& drop, float* dx, float* dtable) {
+  for (int64_t r = 0; r < T; ++r) {
+    float* dt = dtable + pos[r] * D;
+    const float* g = dy + r * D;
+    float* d = dx + r * D;
+    const uint64_t base = static_cast<uint64_t>(r * D);
+    for (int64_t c = 0; c < D; ++c) {
+      const float m = g[c] * drop.factor(base + c);
+      d[c] = scale * m;
+      dt[c] += m;
+    }
+  }
+}
+
+void check_positions(const at::Tensor& positions, int64_t T, int64_t rows) {
+  TORCH_CHECK_VALUE(positions.device().is_cpu() && positions.dim() == 1 && positions.size(0) == T &&
+                        positions.scalar_type() == at::kLong,
+                    "positions: expected an int64 CPU tensor [", T, "], got ", positions.scalar_type(), " ",
+                    positions.sizes());
+  if (T == 0) return;
+  const at::Tensor lo = positions.min(), hi = positions.max();
+  TORCH_CHECK_VALUE(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < rows, "positions: must be in [0, ", rows,
+                    ") (the table's rows), got [", lo.item<int64_t>(), ", ", hi.item<int64_t>(), "]");
+}
+
+at::Tensor hstu_input_rows(const at::Tensor& x, const at::Tensor& table, const at::Tensor& positions, double scale,
+                           double p, int64_t seed) {
+  check_2d("x", x);
+  check_2d("table", table);
+  TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat && table.scalar_type() == at::kFloat,
+                    "x, table: dtype must be float32, got ", x.scalar_type(), " and ", table.scalar_type());
+  TORCH_CHECK_VALUE(table.size(1) == x.size(1), "table: expected ", x.size(1), " columns (x's), got ",
+                    table.size(1));
+  const int64_t T = x.size(0), D = x.size(1);
+  check_positions(positions, T, table.size(0));
+  const Dropout drop(p, seed);
+  const at::Tensor xc = x.contiguous(), tc = table.contiguous(), pc = positions.contiguous();
+  at::Tensor y = at::empty_like(xc);
+  const float* xp = xc.data_ptr<float>();
+  const float* tp = tc.data_ptr<float>();
+  const int64_t* pp = pc.data_ptr<int64_t>();
+  float* yp = y.data_ptr<float>();
+  const float s = static_cast<float>(scale);
+  over_rows(T, D, [&](int64_t r0, int64_t r1) { input_rows(xp, tp, pp, r0, r1, D, s, drop, yp); });
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> hstu_input_rows_bwd(const at::Tensor& dy, const at::Tensor& positions,
+                                                       int64_t rows, double scale, double p, int64_t seed) {
+  check_2d("dy", dy);
+  TORCH_CHECK_VALUE(dy.scalar_type() == at::kFloat, "dy: dtype must be float32, got ", dy.scalar_type());
+  const int64_t T = dy.size(0), D = dy.size(1);
+  check_positions(positions, T, rows);
+  const Dropout drop(p, seed);
+  const at::Tensor gc = dy.contiguous(), pc = positions.contiguous();
+  at::Tensor dx = at::empty_like(gc);
+  at::Tensor dtable = at::zeros({rows, D}, gc.options());
+  input_rows_bwd(gc.data_ptr<float>(), pc.data_ptr<int64_t>(), T, D, static_cast<float>(scale), drop,
+                 dx.data_ptr<float>(), dtable.data_ptr<float>());
+  return {dx, dtable};
+}
+
 at::Tensor hstu_dropout(const at::Tensor& x, double p, int64_t seed) {
   check_2d("x", x);
   const Dropout drop(p, seed);
@@ -699,6 +781,10 @@ void bind_hstu_layer(pybind11::module& m) {
   m.def("hstu_norm_gate", &hstu_norm_gate,
         "(y, mean, rstd): y = dropout_p(u * LayerNorm(attn)), no affine, eps 1e-6, mask from (seed, index)");
   m.def("hstu_norm_gate_bwd", &hstu_norm_gate_bwd, "(dattn, du) of hstu_norm_gate");
+  m.def("hstu_input_rows", &hstu_input_rows,
+        "dropout_p(table[positions] + scale x) of fp32 rows, one pass (hstu_dropout's mask on that sum)");
+  m.def("hstu_input_rows_bwd", &hstu_input_rows_bwd,
+        "(dx, dtable) of hstu_input_rows from dy: dx = scale m dy, dtable[positions[r]] += m dy[r] (rows in order)");
   m.def("hstu_dropout", &hstu_dropout,
         "x * mask / (1 - p), mask from (seed, index) (its own backward: the same call on the gradient)");
 }

@@ -278,3 +278,57 @@ def test_vector_and_plain_paths_agree(dtype):
                                                atol=1e-5 if dtype == torch.float32 else 1e-2, msg=k)
     finally:
         ext._set_isa_cap(old)
+
+
+@pytest.mark.parametrize("T", [0, 1, 37])
+@pytest.mark.parametrize("p, training", [(0.0, True), (0.3, True), (0.3, False)])
+def test_input_rows_against_float64(T, p, training):
+    # dropout_p(table[positions] + scale x): the kernel's value, dx and dtable against float64 torch
+    # ops with the same mask (hstu_fused._mask_factor, the kernels' hash); positions repeat
+    # across sequences (rows of different sequences add into one table row)
+    g = torch.Generator().manual_seed(T + int(10 * p))
+    D, N, scale = 70, 9, 3.5
+    x0 = torch.randn(T, D, generator=g)
+    table0 = torch.randn(N, D, generator=g)
+    positions = torch.randint(0, N, (T,), generator=g)
+    dy = torch.randn(T, D, generator=g)
+    torch.manual_seed(7)  # the seed the op draws
+    x, table = x0.clone().requires_grad_(), table0.clone().requires_grad_()
+    y = hstu_fused.input_rows(x, table, positions, scale, p, training)
+    y.backward(dy)
+    torch.manual_seed(7)
+    seed = hstu_fused._seed()
+    on = training and p > 0
+    m = (hstu_fused._mask_factor(T, D, p, seed, x.device, torch.float64) if on
+         else torch.ones(T, D, dtype=torch.float64))
+    xr, tr = x0.double().requires_grad_(), table0.double().requires_grad_()
+    yr = (tr[positions] + scale * xr) * m
+    yr.backward(dy.double())
+    torch.testing.assert_close(y.double(), yr, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(x.grad.double(), xr.grad, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(table.grad.double(), tr.grad, rtol=1e-6, atol=1e-6)
+    if on and T:
+        assert 0.5 < float((m == 0).double().mean()) / p < 1.5 or T * D < 100
+
+
+def test_input_rows_same_as_dropout_of_the_sum():
+    # the same mask as hstu_fused.dropout on table[positions] + scale x, given the same seed
+    g = torch.Generator().manual_seed(3)
+    x, table = torch.randn(50, 64, generator=g), torch.randn(20, 64, generator=g)
+    positions = torch.randint(0, 20, (50,), generator=g)
+    torch.manual_seed(11)
+    a = hstu_fused.input_rows(x, table, positions, 2.0, 0.25, True)
+    torch.manual_seed(11)
+    b = hstu_fused.dropout(torch.add(table[positions], x, alpha=2.0), 0.25, True)
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert torch.equal(a == 0, b == 0)
+
+
+def test_input_rows_bad_positions():
+    x, table = torch.randn(3, 4), torch.randn(5, 4)
+    with pytest.raises(ValueError, match=r"positions: must be in \[0, 5\)"):
+        extension.kernel("hstu_input_rows")(x, table, torch.tensor([0, 5, 1]), 1.0, 0.0, 0)
+    with pytest.raises(ValueError, match="positions: expected an int64 CPU tensor"):
+        extension.kernel("hstu_input_rows")(x, table, torch.tensor([0, 1, 1], dtype=torch.int32), 1.0, 0.0, 0)
+    with pytest.raises(ValueError, match="x, table: dtype must be float32"):
+        extension.kernel("hstu_input_rows")(x.bfloat16(), table, torch.tensor([0, 1, 1]), 1.0, 0.0, 0)

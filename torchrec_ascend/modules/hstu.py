@@ -168,9 +168,9 @@ class InputPreprocessor(nn.Module):
     def forward(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """``x [T, D]``, ``offsets [B + 1]`` -> ``[T, D]``."""
         pos = _positions(offsets, x.shape[0])
-        # pos_emb[p] + sqrt(D) x in one pass (x's gradient is sqrt(D) g either way)
-        return hstu_fused.dropout(torch.add(self.pos_emb(pos), x, alpha=math.sqrt(self.embedding_dim)),
-                                  self.dropout.p, self.training)
+        # lookup, scaled sum and dropout in one kernel pass each way (modules/hstu_fused.py)
+        return hstu_fused.input_rows(x, self.pos_emb.weight, pos, math.sqrt(self.embedding_dim),
+                                     self.dropout.p, self.training)
 
 
 class HSTUBlock(nn.Module):

@@ -34,7 +34,8 @@ import torch.nn.functional as F
 
 from ..ops import extension
 
-__all__ = ["silu_split", "norm_gate", "dropout", "layer_norm", "pre_norm", "residual_add", "fused_available"]
+__all__ = ["silu_split", "norm_gate", "dropout", "input_rows", "layer_norm", "pre_norm", "residual_add",
+           "fused_available"]
 
 _EPS = 1e-6
 _DTYPES = (torch.float32, torch.bfloat16)
@@ -146,6 +147,37 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     if not fused_available(x):
         return x * _mask_factor(x.shape[0], x.shape[1], float(p), seed, x.device, x.dtype)
     return _Dropout.apply(x, float(p), seed)
+
+
+class _InputRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, table: torch.Tensor, positions: torch.Tensor, scale: float,
+                p: float, seed: int):
+        ctx.save_for_backward(positions)
+        ctx.rows, ctx.scale, ctx.p, ctx.seed = table.shape[0], scale, p, seed
+        return extension.kernel("hstu_input_rows")(x, table, positions, scale, p, seed)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (positions,) = ctx.saved_tensors
+        dx, dtable = extension.kernel("hstu_input_rows_bwd")(dy.contiguous(), positions, ctx.rows,
+                                                              ctx.scale, ctx.p, ctx.seed)
+        return dx, dtable, None, None, None, None
+
+
+def input_rows(x: torch.Tensor, table: torch.Tensor, positions: torch.Tensor, scale: float,
+               p: float, training: bool) -> torch.Tensor:
+    """``dropout_p(table[positions] + scale * x)`` (dropout only when ``training``): ``x [T, D]``,
+    ``table [N, D]`` (rows looked up by ``positions [T]``, int64).  fp32 on the CPU: one kernel
+    pass each way, the same mask as :func:`dropout` on the sum (the embedding lookup, the sum and
+    the dropout were three passes forward, three backward); else those torch ops."""
+    if x.dim() != 2:
+        raise ValueError(f"x: expected [T, D], got {tuple(x.shape)}")
+    p = float(p) if training else 0.0
+    if not (fused_available(x, table) and x.dtype == torch.float32 and table.dtype == torch.float32):
+        return dropout(torch.add(F.embedding(positions, table), x, alpha=scale), p, p > 0)
+    seed = _seed() if p > 0 else 0
+    return _InputRows.apply(x, table, positions, float(scale), p, seed)
 
 
 class _PreNorm(torch.autograd.Function):
