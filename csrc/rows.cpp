@@ -7,6 +7,11 @@
 //       (modules/l2norm.py: F.normalize's value times scale)
 //   l2_normalize_rows_bwd(dy, y, inv, clamped, scale) -> dx
 //       dx = inv (dy - y <dy, y> / scale^2); a clamped row: inv dy
+//   l2_dot_rows(q, x, eps) -> out, inv, clamped
+//       out[r] = <q_r, x_r> inv[r], inv[r] = 1 / max(||x_r||, eps): q's dot product with x's row
+//       normalised (the sampled softmax's positive logit), without the normalised rows
+//   l2_dot_rows_bwd(g, q, x, out, inv, clamped) -> dq, dx
+//       dq = g inv x, dx = g inv (q - y out) with y = inv x (a clamped row: g inv q)
 //   logsumexp_rows(x, bias) -> lse        lse[r] = log sum_c exp(x[r, c] + bias[c]) (bias optional)
 //       (modules/logsumexp.py; torch.logsumexp's value, an all -inf row's -inf included)
 //   logsumexp_rows_bwd(g, x, bias, lse) -> dx     dx[r, c] = g[r] exp(x[r, c] + bias[c] - lse[r])
@@ -88,6 +93,36 @@ __attribute__((always_inline)) inline float from_ordered_bits(int32_t i) {
   float z;
   std::memcpy(&z, &i, 4);
   return z;
+}
+
+TRASC_VECTOR_CLONES void l2_dot_rows(const float* q, const float* x, int64_t r0, int64_t r1, int64_t D, float eps,
+                                     float* out, float* inv, bool* clamped) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* qr = q + r * D;
+    const float* xr = x + r * D;
+    const float norm = std::sqrt(row_dot(xr, xr, D));
+    clamped[r] = norm <= eps;
+    const float s = 1.0f / (norm > eps ? norm : eps);
+    inv[r] = s;
+    out[r] = row_dot(qr, xr, D) * s;
+  }
+}
+
+TRASC_VECTOR_CLONES void l2_dot_rows_bwd(const float* g, const float* q, const float* x, const float* out,
+                                         const float* inv, const bool* clamped, int64_t r0, int64_t r1, int64_t D,
+                                         float* dq, float* dx) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* qr = q + r * D;
+    const float* xr = x + r * D;
+    const float s = inv[r], gs = g[r] * s;
+    const float k = clamped[r] ? 0.0f : out[r] * s;  // y out = x (inv out)
+    float* a = dq + r * D;
+    float* b = dx + r * D;
+    for (int64_t c = 0; c < D; ++c) {
+      a[c] = gs * xr[c];
+      b[c] = gs * (qr[c] - xr[c] * k);
+    }
+  }
 }
 
 // max_c x[c] + b[c] (kBias false: b unused)
@@ -218,6 +253,43 @@ at::Tensor l2_normalize_rows_bwd(const at::Tensor& dy, const at::Tensor& y, cons
   return dx;
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> l2_dot_rows_op(const at::Tensor& q, const at::Tensor& x, double eps) {
+  const at::Tensor qc = rows_f32("q", q), xc = rows_f32("x", x);
+  TORCH_CHECK_VALUE(qc.sizes() == xc.sizes(), "q, x: expected one shape, got ", qc.sizes(), " and ", xc.sizes());
+  const int64_t N = xc.size(0), D = xc.size(1);
+  at::Tensor out = at::empty({N}, xc.options()), inv = at::empty({N}, xc.options());
+  at::Tensor clamped = at::empty({N}, xc.options().dtype(at::kBool));
+  const float* qp = qc.data_ptr<float>();
+  const float* xp = xc.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  float* ip = inv.data_ptr<float>();
+  bool* cp = clamped.data_ptr<bool>();
+  const float e = static_cast<float>(eps);
+  over_rows(N, 2 * D, [&](int64_t r0, int64_t r1) { l2_dot_rows(qp, xp, r0, r1, D, e, op, ip, cp); });
+  return {out, inv, clamped};
+}
+
+std::tuple<at::Tensor, at::Tensor> l2_dot_rows_bwd_op(const at::Tensor& g, const at::Tensor& q, const at::Tensor& x,
+                                                      const at::Tensor& out, const at::Tensor& inv,
+                                                      const at::Tensor& clamped) {
+  const at::Tensor qc = rows_f32("q", q), xc = rows_f32("x", x);
+  TORCH_CHECK_VALUE(qc.sizes() == xc.sizes(), "q, x: expected one shape, got ", qc.sizes(), " and ", xc.sizes());
+  const int64_t N = xc.size(0), D = xc.size(1);
+  const at::Tensor gc = vec_f32("g", g, N), oc = vec_f32("out", out, N), ic = vec_f32("inv", inv, N);
+  const at::Tensor cc = mask_rows("clamped", clamped, N);
+  at::Tensor dq = at::empty_like(qc), dx = at::empty_like(xc);
+  const float* gp = gc.data_ptr<float>();
+  const float* qp = qc.data_ptr<float>();
+  const float* xp = xc.data_ptr<float>();
+  const float* op = oc.data_ptr<float>();
+  const float* ip = ic.data_ptr<float>();
+  const bool* cp = cc.data_ptr<bool>();
+  float* dqp = dq.data_ptr<float>();
+  float* dxp = dx.data_ptr<float>();
+  over_rows(N, 4 * D, [&](int64_t r0, int64_t r1) { l2_dot_rows_bwd(gp, qp, xp, op, ip, cp, r0, r1, D, dqp, dxp); });
+  return {dq, dx};
+}
+
 at::Tensor logsumexp_rows(const at::Tensor& x, const c10::optional<at::Tensor>& bias) {
   const at::Tensor xc = rows_f32("x", x);
   const int64_t N = xc.size(0), D = xc.size(1);
@@ -257,6 +329,12 @@ void bind_rows(pybind11::module& m) {
   m.def("l2_normalize_rows_bwd", &l2_normalize_rows_bwd, "dx of l2_normalize_rows from dy, one pass",
         pybind11::arg("dy"), pybind11::arg("y"), pybind11::arg("inv"), pybind11::arg("clamped"),
         pybind11::arg("scale"));
+  m.def("l2_dot_rows", &l2_dot_rows_op,
+        "(out, inv, clamped): out[r] = <q_r, x_r> / max(||x_r||, eps) of fp32 rows, one pass", pybind11::arg("q"),
+        pybind11::arg("x"), pybind11::arg("eps"));
+  m.def("l2_dot_rows_bwd", &l2_dot_rows_bwd_op, "(dq, dx) of l2_dot_rows from g [N], one pass", pybind11::arg("g"),
+        pybind11::arg("q"), pybind11::arg("x"), pybind11::arg("out"), pybind11::arg("inv"),
+        pybind11::arg("clamped"));
   m.def("logsumexp_rows", &logsumexp_rows, "lse[r] = log sum_c exp(x[r, c] + bias[c]) of fp32 rows, one pass",
         pybind11::arg("x"), pybind11::arg("bias") = pybind11::none());
   m.def("logsumexp_rows_bwd", &logsumexp_rows_bwd, "dx[r, c] = g[r] exp(x[r, c] + bias[c] - lse[r]), one pass",

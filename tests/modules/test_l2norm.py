@@ -70,3 +70,34 @@ def test_fp32_paths_against_float64(shape, row_kernels, monkeypatch):
         assert y.dtype == torch.float32 and a.grad.dtype == torch.float32
         torch.testing.assert_close(y.double(), yb, rtol=2e-6, atol=1e-6)
         torch.testing.assert_close(a.grad.double(), b.grad, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("shape", [(0, 8), (1, 1), (37, 45), (300, 512)])
+@pytest.mark.parametrize("row_kernels", [True, False])
+def test_l2_normalized_dot_against_float64(shape, row_kernels, monkeypatch):
+    # vecdot(q, F.normalize(x)) in float64: value, dq and dx; a zero row of x (clamped) included
+    from torchrec_ascend.modules import l2norm
+    from torchrec_ascend.modules.l2norm import l2_normalized_dot
+    if row_kernels and not l2norm._row_kernels(torch.ones(1)):
+        pytest.skip("extension not built")
+    monkeypatch.setattr(l2norm, "_row_kernels", lambda t: row_kernels and t.dtype == torch.float32)
+    g = torch.Generator().manual_seed(shape[0] + shape[1])
+    q0, x0 = torch.randn(*shape, generator=g) * 2, torch.randn(*shape, generator=g) * 5
+    if shape[0] > 2:
+        x0[1] = 0
+    gy = torch.randn(shape[0], generator=g)
+    q, x = q0.clone().requires_grad_(), x0.clone().requires_grad_()
+    y = l2_normalized_dot(q, x, 1e-12)
+    y.backward(gy)
+    qr, xr = q0.double().requires_grad_(), x0.double().requires_grad_()
+    yr = torch.linalg.vecdot(qr, F.normalize(xr, dim=-1, eps=1e-12))
+    yr.backward(gy.double())
+    torch.testing.assert_close(y.double(), yr, rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(q.grad.double(), qr.grad, rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(x.grad.double(), xr.grad, rtol=2e-6, atol=2e-6)
+
+
+def test_l2_normalized_dot_shapes():
+    from torchrec_ascend.modules.l2norm import l2_normalized_dot
+    with pytest.raises(ValueError, match="q, x: expected two"):
+        l2_normalized_dot(torch.ones(3, 4), torch.ones(3, 5))

@@ -21,7 +21,7 @@ import torch
 
 from ..ops import extension
 
-__all__ = ["l2_normalize"]
+__all__ = ["l2_normalize", "l2_normalized_dot"]
 
 
 def _row_kernels(x: torch.Tensor) -> bool:
@@ -70,3 +70,31 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-12, scale: float = 1.0) -> tor
     if not math.isfinite(scale) or scale == 0.0:
         raise ValueError(f"scale: expected a finite non-zero number, got {scale}")
     return _L2Normalize.apply(x, float(eps), float(scale))
+
+
+class _L2NormalizedDot(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, x: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
+        out, inv, clamped = extension.kernel("l2_dot_rows")(q, x, eps)
+        ctx.save_for_backward(q, x, out, inv, clamped)
+        return out
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):  # type: ignore[override]
+        q, x, out, inv, clamped = ctx.saved_tensors
+        dq, dx = extension.kernel("l2_dot_rows_bwd")(g.contiguous(), q, x, out, inv, clamped)
+        return dq, dx, None
+
+
+def l2_normalized_dot(q: torch.Tensor, x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """``torch.linalg.vecdot(q, l2_normalize(x, eps))`` of ``[N, D]`` rows (value and gradient):
+    each row of ``q`` dotted with the row of ``x`` divided by ``max(its norm, eps)`` (the sampled
+    softmax's positive logits).  fp32 on the CPU: one kernel pass forward (no normalised rows
+    written, no product tensor), one backward (``csrc/rows.cpp``); else those two functions."""
+    if q.dim() != 2 or q.shape != x.shape:
+        raise ValueError(f"q, x: expected two [N, D] tensors of one shape, got {tuple(q.shape)} and "
+                         f"{tuple(x.shape)}")
+    if (_row_kernels(q) and _row_kernels(x) and extension.kernel("l2_dot_rows") is not None):
+        return _L2NormalizedDot.apply(q, x, float(eps))
+    return torch.linalg.vecdot(q, l2_normalize(x, eps))
+

@@ -33,7 +33,7 @@ from typing import List, Optional, Union
 
 import torch
 
-from ..modules.l2norm import l2_normalize
+from ..modules.l2norm import l2_normalize, l2_normalized_dot
 from ..modules.logsumexp import logsumexp_rows
 from ..ops.validation import FLOAT_DTYPES, INDEX_DTYPES, check_same_device, check_tensor
 from .quant import COMPUTE_MODES, half_logits, resolve_half_dtype
@@ -275,7 +275,9 @@ class SampledSoftmaxLoss(torch.nn.Module):
 
         pos_ids = pos_ids.to(torch.int64)
         q = self._norm(query, 1.0 / self.temperature)
-        pos = torch.linalg.vecdot(q, self._norm(pos_emb))
+        # q . l2(pos_emb) in one kernel pass each way (no normalised rows, no product tensor)
+        pos = (l2_normalized_dot(q, pos_emb.float()) if self.l2_normalize
+               else torch.linalg.vecdot(q, self._norm(pos_emb)))
         if self.logq_correction and self.correct_positive:
             if self.validate and pos.numel() and not bool(torch.isfinite(negatives.pos_log_q).all()):
                 raise ValueError("negatives.pos_log_q: not finite; a positive the sampler can never "
