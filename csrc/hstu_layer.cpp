@@ -38,6 +38,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "bf16_bits.h"
 #include "hstu_layer_kernels.h"
 #include "hstu_math.h"
 #include "isa.h"
@@ -47,29 +48,6 @@
 namespace torchrec_ascend {
 
 namespace {
-
-using bf16 = c10::BFloat16;
-
-// bf16 <-> fp32 as plain bit operations (round to nearest even; NaN stays NaN) that GCC vectorises
-__attribute__((always_inline)) inline float to_f(float x) { return x; }
-__attribute__((always_inline)) inline float to_f(bf16 x) {
-  const uint32_t u = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-template <typename T>
-__attribute__((always_inline)) inline T from_f(float x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else {
-    uint32_t u;
-    std::memcpy(&u, &x, 4);
-    const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
-    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return bf16(static_cast<uint16_t>(nan ? (u >> 16) | 0x40u : r), bf16::from_bits());
-  }
-}
 
 struct Dropout : hstu::LayerDropout {
   Dropout(double p, int64_t s) {

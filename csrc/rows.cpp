@@ -12,10 +12,14 @@
 //       normalised (the sampled softmax's positive logit), without the normalised rows
 //   l2_dot_rows_bwd(g, q, x, out, inv, clamped) -> dq, dx
 //       dq = g inv x, dx = g inv (q - y out) with y = inv x (a clamped row: g inv q)
-//   logsumexp_rows(x, bias) -> lse        lse[r] = log sum_c exp(x[r, c] + bias[c]) (bias optional)
-//       (modules/logsumexp.py; torch.logsumexp's value, an all -inf row's -inf included)
-//   logsumexp_rows_bwd(g, x, bias, lse) -> dx     dx[r, c] = g[r] exp(x[r, c] + bias[c] - lse[r])
-//       (an all -inf row: 0, where torch's backward gives nan)
+//   logsumexp_rows(x, bias, ex_ptr, ex_cols) -> lse
+//       lse[r] = log sum_c exp(x[r, c] + bias[c]) over the row's columns not excluded (bias and
+//       the exclusions optional; exclusions by row, CSR: row r leaves out ex_cols[ex_ptr[r] ..
+//       ex_ptr[r + 1]]); x fp32 or bf16 (modules/logsumexp.py; torch.logsumexp's value on the
+//       excluded entries set to -inf, an all -inf row's -inf included)
+//   logsumexp_rows_bwd(g, x, bias, lse, ex_ptr, ex_cols) -> dx (x's dtype)
+//       dx[r, c] = g[r] exp(x[r, c] + bias[c] - lse[r]), 0 where excluded (and on a row whose lse
+//       is -inf, where torch's backward gives nan)
 //
 // Sums run in 16 lanes (element c into lane c % 16), the lanes added pairwise in a fixed order:
 // the same result on every thread count.  exp is hstu::exp_f32 (~1 ulp), 0 below ln(FLT_MIN) as
@@ -27,7 +31,9 @@
 #include <cstring>
 #include <limits>
 #include <tuple>
+#include <vector>
 
+#include "bf16_bits.h"
 #include "hstu_math.h"
 #include "isa.h"
 #include "parallel.h"
@@ -81,11 +87,13 @@ TRASC_VECTOR_CLONES void l2_rows_bwd(const float* dy, const float* y, const floa
 }
 
 // A float's bits as an int32 that orders as the float does (negative floats' magnitude bits
-// flipped; an involution): the row maximum as an integer maximum, which GCC vectorises (its float
-// compare-and-select it leaves scalar, for NaN and signed-zero rules)
+// flipped; an involution on non-NaN values): the row maximum as an integer maximum, which GCC
+// vectorises (its float compare-and-select it leaves scalar, for NaN and signed-zero rules); a
+// NaN anywhere makes the maximum NaN, as torch's amax
 __attribute__((always_inline)) inline int32_t ordered_bits(float z) {
   int32_t i;
   std::memcpy(&i, &z, 4);
+  i = (i & 0x7fffffff) > 0x7f800000 ? 0x7fc00000 : i;  // any NaN as +NaN: above +inf, so it wins
   return i ^ ((i >> 31) & 0x7fffffff);
 }
 __attribute__((always_inline)) inline float from_ordered_bits(int32_t i) {
@@ -126,18 +134,18 @@ TRASC_VECTOR_CLONES void l2_dot_rows_bwd(const float* g, const float* q, const f
 }
 
 // max_c x[c] + b[c] (kBias false: b unused)
-template <bool kBias>
-__attribute__((always_inline)) inline float row_max(const float* x, const float* b, int64_t D) {
+// max_c x[c] (kLanes lanes of ordered bits)
+__attribute__((always_inline)) inline float row_max(const float* x, int64_t D) {
   int32_t acc[kLanes];
   for (int l = 0; l < kLanes; ++l) acc[l] = ordered_bits(-std::numeric_limits<float>::infinity());
   int64_t c = 0;
   for (; c + kLanes <= D; c += kLanes)
     for (int l = 0; l < kLanes; ++l) {
-      const int32_t z = ordered_bits(kBias ? x[c + l] + b[c + l] : x[c + l]);
+      const int32_t z = ordered_bits(x[c + l]);
       acc[l] = acc[l] < z ? z : acc[l];
     }
   for (; c < D; ++c) {
-    const int32_t z = ordered_bits(kBias ? x[c] + b[c] : x[c]);
+    const int32_t z = ordered_bits(x[c]);
     acc[c % kLanes] = acc[c % kLanes] < z ? z : acc[c % kLanes];
   }
   int32_t m = acc[0];
@@ -149,13 +157,29 @@ __attribute__((always_inline)) inline float exp_or_zero(float z) {
   return z < -87.33654475f ? 0.0f : hstu::exp_f32(z);
 }
 
-template <bool kBias>
-__attribute__((always_inline)) inline void lse_range(const float* x, const float* b, int64_t r0, int64_t r1,
-                                                     int64_t D, float* lse) {
+// The exclusions of rows (CSR), or none
+struct Excluded {
+  const int64_t* ptr = nullptr;
+  const int64_t* cols = nullptr;
+  int64_t begin(int64_t r) const { return ptr ? ptr[r] : 0; }
+  int64_t end(int64_t r) const { return ptr ? ptr[r + 1] : 0; }
+};
+
+// lse of rows [r0, r1): each row widened into buf (+ bias, excluded entries -inf), then its
+// maximum and its sum of exponentials from there (L1)
+template <typename T>
+__attribute__((always_inline)) inline void lse_range(const T* x, const float* b, const Excluded& ex, int64_t r0,
+                                                     int64_t r1, int64_t D, float* buf, float* lse) {
   for (int64_t r = r0; r < r1; ++r) {
-    const float* xr = x + r * D;
-    float m = row_max<kBias>(xr, b, D);
-    if (m == -std::numeric_limits<float>::infinity()) {  // every term 0 (exp_f32 would clamp, not 0)
+    const T* xr = x + r * D;
+    if (b) {
+      for (int64_t c = 0; c < D; ++c) buf[c] = load_f(xr, c) + b[c];
+    } else {
+      for (int64_t c = 0; c < D; ++c) buf[c] = load_f(xr, c);
+    }
+    for (int64_t e = ex.begin(r); e < ex.end(r); ++e) buf[ex.cols[e]] = -std::numeric_limits<float>::infinity();
+    float m = row_max(buf, D);
+    if (m == -std::numeric_limits<float>::infinity() || std::isnan(m)) {  // -inf: every term 0; nan
       lse[r] = m;
       continue;
     }
@@ -163,37 +187,63 @@ __attribute__((always_inline)) inline void lse_range(const float* x, const float
     float acc[kLanes] = {};
     int64_t c = 0;
     for (; c + kLanes <= D; c += kLanes)
-      for (int l = 0; l < kLanes; ++l) acc[l] += exp_or_zero(xr[c + l] + (kBias ? b[c + l] : 0.0f) - m);
-    for (; c < D; ++c) acc[c % kLanes] += exp_or_zero(xr[c] + (kBias ? b[c] : 0.0f) - m);
+      for (int l = 0; l < kLanes; ++l) acc[l] += exp_or_zero(buf[c + l] - m);
+    for (; c < D; ++c) acc[c % kLanes] += exp_or_zero(buf[c] - m);
     lse[r] = std::log(lanes_sum(acc)) + m;
   }
 }
 
-template <bool kBias>
-__attribute__((always_inline)) inline void lse_bwd_range(const float* g, const float* x, const float* b,
-                                                         const float* lse, int64_t r0, int64_t r1, int64_t D,
-                                                         float* dx) {
+// dx rows: g exp(x + b - lse) computed into buf (fp32), then stored in T (one loop each: GCC
+// leaves a loop that does both for bf16 scalar)
+template <typename T>
+__attribute__((always_inline)) inline void lse_bwd_range(const float* g, const T* x, const float* b,
+                                                         const float* lse, const Excluded& ex, int64_t r0,
+                                                         int64_t r1, int64_t D, float* buf, T* dx) {
   for (int64_t r = r0; r < r1; ++r) {
-    const float* xr = x + r * D;
+    const T* xr = x + r * D;
     const float gr = g[r], l = lse[r];
-    float* d = dx + r * D;
+    T* d = dx + r * D;
     if (l == -std::numeric_limits<float>::infinity()) {
-      for (int64_t c = 0; c < D; ++c) d[c] = 0.0f;
-      continue;
+      for (int64_t c = 0; c < D; ++c) buf[c] = 0.0f;
+    } else if (b) {
+      for (int64_t c = 0; c < D; ++c) buf[c] = gr * exp_or_zero(load_f(xr, c) + b[c] - l);
+    } else {
+      for (int64_t c = 0; c < D; ++c) buf[c] = gr * exp_or_zero(load_f(xr, c) - l);
     }
-    for (int64_t c = 0; c < D; ++c) d[c] = gr * exp_or_zero(xr[c] + (kBias ? b[c] : 0.0f) - l);
+    for (int64_t e = ex.begin(r); e < ex.end(r); ++e) buf[ex.cols[e]] = 0.0f;
+    for (int64_t c = 0; c < D; ++c) store_f(d, c, buf[c]);
   }
 }
 
-TRASC_VECTOR_CLONES void lse_rows(const float* x, const float* b, int64_t r0, int64_t r1, int64_t D, float* lse) {
-  if (b) lse_range<true>(x, b, r0, r1, D, lse);
-  else lse_range<false>(x, b, r0, r1, D, lse);
-}
+#define TRASC_ROWS_LSE(S, T)                                                                                       \
+  TRASC_VECTOR_CLONES void lse_rows_##S(const T* x, const float* b, const Excluded& ex, int64_t r0, int64_t r1,   \
+                                        int64_t D, float* buf, float* lse) {                                       \
+    lse_range<T>(x, b, ex, r0, r1, D, buf, lse);                                                                   \
+  }                                                                                                                \
+  TRASC_VECTOR_CLONES void lse_rows_bwd_##S(const float* g, const T* x, const float* b, const float* lse,         \
+                                            const Excluded& ex, int64_t r0, int64_t r1, int64_t D, float* buf,    \
+                                            T* dx) {                                                               \
+    lse_bwd_range<T>(g, x, b, lse, ex, r0, r1, D, buf, dx);                                                        \
+  }
+TRASC_ROWS_LSE(f32, float)
+TRASC_ROWS_LSE(bf16, bf16)
+#undef TRASC_ROWS_LSE
 
-TRASC_VECTOR_CLONES void lse_rows_bwd(const float* g, const float* x, const float* b, const float* lse, int64_t r0,
-                                      int64_t r1, int64_t D, float* dx) {
-  if (b) lse_bwd_range<true>(g, x, b, lse, r0, r1, D, dx);
-  else lse_bwd_range<false>(g, x, b, lse, r0, r1, D, dx);
+inline void lse_rows(const float* x, const float* b, const Excluded& ex, int64_t r0, int64_t r1, int64_t D,
+                     float* buf, float* lse) {
+  lse_rows_f32(x, b, ex, r0, r1, D, buf, lse);
+}
+inline void lse_rows(const bf16* x, const float* b, const Excluded& ex, int64_t r0, int64_t r1, int64_t D,
+                     float* buf, float* lse) {
+  lse_rows_bf16(x, b, ex, r0, r1, D, buf, lse);
+}
+inline void lse_rows_bwd(const float* g, const float* x, const float* b, const float* lse, const Excluded& ex,
+                         int64_t r0, int64_t r1, int64_t D, float* buf, float* dx) {
+  lse_rows_bwd_f32(g, x, b, lse, ex, r0, r1, D, buf, dx);
+}
+inline void lse_rows_bwd(const float* g, const bf16* x, const float* b, const float* lse, const Excluded& ex,
+                         int64_t r0, int64_t r1, int64_t D, float* buf, bf16* dx) {
+  lse_rows_bwd_bf16(g, x, b, lse, ex, r0, r1, D, buf, dx);
 }
 
 at::Tensor rows_f32(const char* name, const at::Tensor& t) {
@@ -290,33 +340,94 @@ std::tuple<at::Tensor, at::Tensor> l2_dot_rows_bwd_op(const at::Tensor& g, const
   return {dq, dx};
 }
 
-at::Tensor logsumexp_rows(const at::Tensor& x, const c10::optional<at::Tensor>& bias) {
-  const at::Tensor xc = rows_f32("x", x);
+at::Tensor rows_f32_bf16(const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.device().is_cpu() && t.dim() == 2 &&
+                        (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16),
+                    name, ": expected a 2-D float32 or bfloat16 CPU tensor, got ", t.scalar_type(), " ", t.sizes(),
+                    " on ", t.device());
+  return t.contiguous();
+}
+
+// The optional bias [D] and exclusions (CSR over N rows, columns < D), checked
+struct LseExtras {
+  at::Tensor bias, ptr, cols;
+  Excluded ex;
+  const float* b = nullptr;
+  LseExtras(int64_t N, int64_t D, const c10::optional<at::Tensor>& bias_, const c10::optional<at::Tensor>& ptr_,
+            const c10::optional<at::Tensor>& cols_) {
+    if (bias_.has_value() && bias_->defined()) {
+      bias = vec_f32("bias", *bias_, D);
+      b = bias.data_ptr<float>();
+    }
+    const bool hp = ptr_.has_value() && ptr_->defined(), hc = cols_.has_value() && cols_->defined();
+    TORCH_CHECK_VALUE(hp == hc, "ex_ptr, ex_cols: give both or neither");
+    if (!hp) return;
+    TORCH_CHECK_VALUE(ptr_->device().is_cpu() && ptr_->dim() == 1 && ptr_->size(0) == N + 1 &&
+                          ptr_->scalar_type() == at::kLong,
+                      "ex_ptr: expected an int64 CPU tensor [", N + 1, "], got ", ptr_->scalar_type(), " ",
+                      ptr_->sizes());
+    TORCH_CHECK_VALUE(cols_->device().is_cpu() && cols_->dim() == 1 && cols_->scalar_type() == at::kLong,
+                      "ex_cols: expected a 1-D int64 CPU tensor, got ", cols_->scalar_type(), " ", cols_->sizes());
+    ptr = ptr_->contiguous();
+    cols = cols_->contiguous();
+    const int64_t* p = ptr.data_ptr<int64_t>();
+    const int64_t nnz = cols.size(0);
+    TORCH_CHECK_VALUE(p[0] == 0 && p[N] == nnz, "ex_ptr: must run from 0 to ex_cols' length ", nnz, ", got ", p[0],
+                      " .. ", p[N]);
+    for (int64_t r = 0; r < N; ++r)
+      TORCH_CHECK_VALUE(p[r] <= p[r + 1], "ex_ptr: must not decrease, row ", r, ": ", p[r], " > ", p[r + 1]);
+    if (nnz) {
+      const int64_t lo = cols.min().item<int64_t>(), hi = cols.max().item<int64_t>();
+      TORCH_CHECK_VALUE(lo >= 0 && hi < D, "ex_cols: columns must be in [0, ", D, "), got [", lo, ", ", hi, "]");
+    }
+    ex.ptr = p;
+    ex.cols = cols.data_ptr<int64_t>();
+  }
+};
+
+template <typename F>
+void by_row_dtype(const at::Tensor& t, F&& f) {
+  if (t.scalar_type() == at::kFloat) f(float{});
+  else f(bf16{});
+}
+
+at::Tensor logsumexp_rows(const at::Tensor& x, const c10::optional<at::Tensor>& bias,
+                          const c10::optional<at::Tensor>& ex_ptr, const c10::optional<at::Tensor>& ex_cols) {
+  const at::Tensor xc = rows_f32_bf16("x", x);
   const int64_t N = xc.size(0), D = xc.size(1);
-  at::Tensor bc;
-  if (bias.has_value() && bias->defined()) bc = vec_f32("bias", *bias, D);
-  at::Tensor lse = at::empty({N}, xc.options());
-  const float* xp = xc.data_ptr<float>();
-  const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;
+  const LseExtras extra(N, D, bias, ex_ptr, ex_cols);
+  at::Tensor lse = at::empty({N}, xc.options().dtype(at::kFloat));
   float* lp = lse.data_ptr<float>();
-  over_rows(N, D, [&](int64_t r0, int64_t r1) { lse_rows(xp, bp, r0, r1, D, lp); });
+  by_row_dtype(xc, [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = xc.data_ptr<T>();
+    over_rows(N, D, [&](int64_t r0, int64_t r1) {
+      std::vector<float> buf(static_cast<size_t>(D > 0 ? D : 1));
+      lse_rows(xp, extra.b, extra.ex, r0, r1, D, buf.data(), lp);
+    });
+  });
   return lse;
 }
 
 at::Tensor logsumexp_rows_bwd(const at::Tensor& g, const at::Tensor& x, const c10::optional<at::Tensor>& bias,
-                              const at::Tensor& lse) {
-  const at::Tensor xc = rows_f32("x", x);
+                              const at::Tensor& lse, const c10::optional<at::Tensor>& ex_ptr,
+                              const c10::optional<at::Tensor>& ex_cols) {
+  const at::Tensor xc = rows_f32_bf16("x", x);
   const int64_t N = xc.size(0), D = xc.size(1);
   const at::Tensor gc = vec_f32("g", g, N), lc = vec_f32("lse", lse, N);
-  at::Tensor bc;
-  if (bias.has_value() && bias->defined()) bc = vec_f32("bias", *bias, D);
+  const LseExtras extra(N, D, bias, ex_ptr, ex_cols);
   at::Tensor dx = at::empty_like(xc);
   const float* gp = gc.data_ptr<float>();
-  const float* xp = xc.data_ptr<float>();
-  const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;
   const float* lp = lc.data_ptr<float>();
-  float* dp = dx.data_ptr<float>();
-  over_rows(N, D, [&](int64_t r0, int64_t r1) { lse_rows_bwd(gp, xp, bp, lp, r0, r1, D, dp); });
+  by_row_dtype(xc, [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = xc.data_ptr<T>();
+    T* dp = dx.data_ptr<T>();
+    over_rows(N, D, [&](int64_t r0, int64_t r1) {
+      std::vector<float> buf(static_cast<size_t>(D > 0 ? D : 1));
+      lse_rows_bwd(gp, xp, extra.b, lp, extra.ex, r0, r1, D, buf.data(), dp);
+    });
+  });
   return dx;
 }
 
@@ -335,10 +446,14 @@ void bind_rows(pybind11::module& m) {
   m.def("l2_dot_rows_bwd", &l2_dot_rows_bwd_op, "(dq, dx) of l2_dot_rows from g [N], one pass", pybind11::arg("g"),
         pybind11::arg("q"), pybind11::arg("x"), pybind11::arg("out"), pybind11::arg("inv"),
         pybind11::arg("clamped"));
-  m.def("logsumexp_rows", &logsumexp_rows, "lse[r] = log sum_c exp(x[r, c] + bias[c]) of fp32 rows, one pass",
-        pybind11::arg("x"), pybind11::arg("bias") = pybind11::none());
-  m.def("logsumexp_rows_bwd", &logsumexp_rows_bwd, "dx[r, c] = g[r] exp(x[r, c] + bias[c] - lse[r]), one pass",
-        pybind11::arg("g"), pybind11::arg("x"), pybind11::arg("bias") = pybind11::none(), pybind11::arg("lse"));
+  m.def("logsumexp_rows", &logsumexp_rows,
+        "lse[r] = log sum_c exp(x[r, c] + bias[c]) of fp32 / bf16 rows over the columns not excluded (CSR), one pass",
+        pybind11::arg("x"), pybind11::arg("bias") = pybind11::none(), pybind11::arg("ex_ptr") = pybind11::none(),
+        pybind11::arg("ex_cols") = pybind11::none());
+  m.def("logsumexp_rows_bwd", &logsumexp_rows_bwd,
+        "dx[r, c] = g[r] exp(x[r, c] + bias[c] - lse[r]) in x's dtype, 0 where excluded, one pass", pybind11::arg("g"),
+        pybind11::arg("x"), pybind11::arg("bias") = pybind11::none(), pybind11::arg("lse"),
+        pybind11::arg("ex_ptr") = pybind11::none(), pybind11::arg("ex_cols") = pybind11::none());
 }
 
 }  // namespace torchrec_ascend

@@ -218,7 +218,9 @@ def test_pool_hits_equal_dense_compare_with_repeats():
     for _ in range(5):
         pool = torch.randint(0, 6, (int(torch.randint(1, 20, (1,))),))
         pos = torch.randint(0, 8, (int(torch.randint(0, 15, (1,))),))
-        t_idx, j_idx = _pool_hits(pool, pos)
+        hits = _pool_hits(pool, pos)
+        assert hits.ptr.numel() == pos.numel() + 1 and int(hits.ptr[0]) == 0
+        t_idx, j_idx = hits.pairs()
         got = torch.zeros(pos.numel(), pool.numel(), dtype=torch.bool)
         got[t_idx, j_idx] = True
         assert t_idx.numel() == int(got.sum())  # no pair twice
@@ -248,3 +250,33 @@ def test_no_positive_leaks_as_negative_with_real_samplers(kind):
         assert bool((grad[~hit].abs().sum(1) > 0).all()), i
     _compare(x, lambda a: loss(a["q"], pos, a["pe"], neg, a["ne"]),
              lambda b: _reference(b["q"], pos, b["pe"], neg, b["ne"], tau=0.3, reduction="none"))
+
+
+@pytest.mark.parametrize("logq", [True, False])
+def test_half_pool_logsumexp_route_equals_materialised_logits(logq):
+    """The shared half pool's logsumexp with the bf16 logits as the GEMM gives them and the logQ
+    bias and accidental hits inside the row kernel equals, bit for bit, the route that widens the
+    logits, adds the bias and writes the hits in (loss and every gradient; many hits)."""
+    import torchrec_ascend.sampling.loss as loss_mod
+    g = torch.Generator().manual_seed(3)
+    t, d, r = 301, 64, 96
+    pos = torch.randint(0, 40, (t,), generator=g)
+    pool = torch.randint(0, 40, (r,), generator=g)
+    lq = torch.rand(r, generator=g).log() - 3
+    plq = torch.rand(t, generator=g).log() - 3
+    q0, pe0, ne0 = (torch.randn(n, d, generator=g) for n in (t, t, r))
+
+    def run(materialise):
+        f = SampledSoftmaxLoss(temperature=0.05, reduction="sum", half_precision="bf16",
+                               half_compute="half", logq_correction=logq)
+        if materialise:
+            f._neg_lse = lambda q, p, s, e, m, i=None: loss_mod.logsumexp_rows(
+                f._neg_logits(q, p, s, e, m, i))
+        q, pe, ne = (x.clone().requires_grad_() for x in (q0, pe0, ne0))
+        loss = f(q, pos, pe, NegativeSample(pool, lq, plq), ne)
+        loss.backward()
+        return loss.detach(), q.grad, pe.grad, ne.grad
+
+    assert int((pos[:, None] == pool[None, :]).sum()) > t
+    for a, b in zip(run(True), run(False)):
+        assert torch.equal(a, b)

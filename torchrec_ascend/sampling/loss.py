@@ -34,7 +34,7 @@ from typing import List, Optional, Union
 import torch
 
 from ..modules.l2norm import l2_normalize, l2_normalized_dot
-from ..modules.logsumexp import logsumexp_rows
+from ..modules.logsumexp import RowExclusions, logsumexp_rows
 from ..ops.validation import FLOAT_DTYPES, INDEX_DTYPES, check_same_device, check_tensor
 from .quant import COMPUTE_MODES, half_logits, resolve_half_dtype
 from .samplers import NegativeSample
@@ -90,16 +90,17 @@ def _check_sample(name: str, s: NegativeSample, emb: torch.Tensor, t: int, d: in
         raise ValueError(f"{name}.pos_log_q: expected shape [T={t}], got {tuple(s.pos_log_q.shape)}")
 
 
-def _pool_hits(pool_ids: torch.Tensor, pos_ids: torch.Tensor):
-    """All ``(t, j)`` with ``pool_ids[j] == pos_ids[t]`` (pool may repeat ids), O((T + R) log R)."""
+def _pool_hits(pool_ids: torch.Tensor, pos_ids: torch.Tensor) -> RowExclusions:
+    """All ``(t, j)`` with ``pool_ids[j] == pos_ids[t]`` (pool may repeat ids), by row ``t``
+    (CSR), O((T + R) log R)."""
     sorted_ids, order = torch.sort(pool_ids)
     lo = torch.searchsorted(sorted_ids, pos_ids)
     hi = torch.searchsorted(sorted_ids, pos_ids, right=True)
     counts = hi - lo
-    t_idx = torch.repeat_interleave(torch.arange(pos_ids.numel(), device=pos_ids.device), counts)
-    starts = torch.repeat_interleave(lo - (torch.cumsum(counts, 0) - counts), counts)
-    j_idx = order[starts + torch.arange(t_idx.numel(), device=pos_ids.device)]
-    return t_idx, j_idx
+    ends = torch.cumsum(counts, 0)
+    starts = torch.repeat_interleave(lo - (ends - counts), counts)
+    j_idx = order[starts + torch.arange(int(ends[-1]) if counts.numel() else 0, device=pos_ids.device)]
+    return RowExclusions(torch.cat([ends.new_zeros(1), ends]), j_idx)
 
 
 def _mask_hits(logits: torch.Tensor, t_idx: torch.Tensor, j_idx: torch.Tensor) -> torch.Tensor:
@@ -172,6 +173,24 @@ class SampledSoftmaxLoss(torch.nn.Module):
             return l2_normalize(x.float(), scale=scale)
         return x.float() * scale if scale != 1.0 else x.float()
 
+    def _neg_lse(self, q: torch.Tensor, pos_ids: torch.Tensor, s: NegativeSample,
+                 emb: torch.Tensor, mask: Optional[torch.Tensor],
+                 index: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``[T]``: each query's logsumexp over its corrected, masked negative logits.
+
+        The shared pool in half precision without a dense ``mask``: the logits as the half GEMM
+        gives them (bf16 on the CPU: no widening pass), the logQ correction and the accidental
+        hits inside the logsumexp (:func:`logsumexp_rows`'s bias and exclusions: no ``[T, R]``
+        pass of their own).  Otherwise the logits of :meth:`_neg_logits`.
+        """
+        if s.shared and self.half_dtype is not None and index is None and mask is None:
+            n = self._norm(emb)
+            logits = half_logits(q, n, self.half_dtype, self.per_row_scale, self.half_compute,
+                                 half_out=True)
+            bias = -s.log_q.to(torch.float32) if self.logq_correction else None
+            return logsumexp_rows(logits, bias, _pool_hits(s.ids.to(pos_ids.device), pos_ids))
+        return logsumexp_rows(self._neg_logits(q, pos_ids, s, emb, mask, index))
+
     def _neg_logits(self, q: torch.Tensor, pos_ids: torch.Tensor, s: NegativeSample,
                     emb: torch.Tensor, mask: Optional[torch.Tensor],
                     index: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -201,8 +220,7 @@ class SampledSoftmaxLoss(torch.nn.Module):
             else:
                 logits = q @ n.t()
             # accidental hits are few: find them by binary search, not a dense [T, R] compare
-            t_idx, j_idx = _pool_hits(s.ids.to(pos_ids.device), pos_ids)
-            logits = _mask_hits(logits, t_idx, j_idx)
+            logits = _mask_hits(logits, *_pool_hits(s.ids.to(pos_ids.device), pos_ids).pairs())
         else:
             logits = torch.einsum("td,tkd->tk", q, n)
             if self.logq_correction:
@@ -286,11 +304,9 @@ class SampledSoftmaxLoss(torch.nn.Module):
             pos = pos - negatives.pos_log_q.to(pos.dtype)
 
         parts: List[torch.Tensor] = [pos]
-        parts.append(logsumexp_rows(
-            self._neg_logits(q, pos_ids, negatives, neg_emb, neg_mask, neg_index)))
+        parts.append(self._neg_lse(q, pos_ids, negatives, neg_emb, neg_mask, neg_index))
         if extra_negatives is not None:
-            parts.append(logsumexp_rows(
-                self._neg_logits(q, pos_ids, extra_negatives, extra_neg_emb, None)))
+            parts.append(self._neg_lse(q, pos_ids, extra_negatives, extra_neg_emb, None))
         lse = torch.logsumexp(torch.stack(parts, dim=1), dim=1)
         loss = lse - pos
         if self.reduction == "mean":

@@ -138,33 +138,37 @@ def quantize_rows(x: torch.Tensor, dtype: torch.dtype,
 _NO_OUT_DTYPE: set = set()  # device types whose mm has no fp32-output half GEMM
 
 
-def _half_gemm_fp32_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _half_gemm(a: torch.Tensor, b: torch.Tensor, keep_half: bool = False) -> torch.Tensor:
     """``a @ b`` of half tensors, fp32 accumulation; fp32 output where the backend has it
-    (``mm(..., out_dtype=float32)``, cuda), else the half output widened (one rounding)."""
+    (``mm(..., out_dtype=float32)``, cuda), else the half output (one rounding) widened to fp32
+    -- or, with ``keep_half``, as it is (no widening pass)."""
     kind = a.device.type
     if kind not in _NO_OUT_DTYPE:
         try:
             return torch.mm(a, b, out_dtype=torch.float32)
         except (RuntimeError, TypeError, NotImplementedError):
             _NO_OUT_DTYPE.add(kind)
-    return torch.mm(a, b).float()
+    out = torch.mm(a, b)
+    return out if keep_half else out.float()
 
 
 def half_mm(a: QuantizedRows, b: QuantizedRows, transpose_b: bool = True,
-            compute: str = "auto") -> torch.Tensor:
+            compute: str = "auto", keep_half: bool = False) -> torch.Tensor:
     """fp32 ``A @ B.T`` (or ``A @ B``) of quantized rows: half operands, fp32 accumulation.
 
-    ``compute``: ``"half"`` runs a half-precision GEMM (see :func:`_half_gemm_fp32_out`),
+    ``compute``: ``"half"`` runs a half-precision GEMM (see :func:`_half_gemm`),
     ``"fp32"`` widens the rows and multiplies in fp32 (same operands, exact fp32 products),
     ``"auto"`` picks ``"half"`` where :func:`half_gemm_is_fast`.
     Scales are applied to the fp32 product (row scale of ``a`` on rows; for ``transpose_b`` the
-    row scale of ``b`` on columns, else ``b`` must be unscaled).
+    row scale of ``b`` on columns, else ``b`` must be unscaled).  ``keep_half``: where the half
+    GEMM's output is rounded to the half dtype anyway (no fp32-output GEMM) and nothing is
+    scaled, return it in the half dtype (exactly the values the fp32 result would hold).
     """
     bd = b.data.t() if transpose_b else b.data
     if not transpose_b and b.scale is not None:
         raise ValueError("b: a row-scaled right operand needs transpose_b=True")
     if _use_half_compute(compute, a.data.device, a.data.dtype):
-        out = _half_gemm_fp32_out(a.data, bd)
+        out = _half_gemm(a.data, bd, keep_half=keep_half and a.scale is None and b.scale is None)
     else:
         out = torch.mm(a.data.float(), bd.float())
     if a.scale is not None:
@@ -192,11 +196,12 @@ def _padded(x: QuantizedRows, rows: int) -> QuantizedRows:
 
 
 class HalfLogits(torch.autograd.Function):
-    """``q @ n.T`` in half precision with fp32 accumulation; fp32 gradients for fp32 inputs."""
+    """``q @ n.T`` in half precision with fp32 accumulation; fp32 gradients for fp32 inputs
+    (logits in fp32, or with ``half_out`` in the half dtype where the GEMM rounds to it anyway)."""
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, n: torch.Tensor, dtype: torch.dtype,
-                per_row_scale: Union[bool, str], compute: str) -> torch.Tensor:
+                per_row_scale: Union[bool, str], compute: str, half_out: bool = False) -> torch.Tensor:
         # the query rows (their count changes every step) padded with zero rows where the half
         # GEMMs would otherwise be new shapes for the device's primitive cache
         # (device.gemm_row_multiple); padded after rounding (half the bytes, no fp32 copy)
@@ -213,7 +218,7 @@ class HalfLogits(torch.autograd.Function):
         ctx.save_for_backward(qq.data, nq.data,
                               *(s if s is not None else torch.empty(0) for s in (qq.scale, nq.scale)))
         ctx.has_scale = (qq.scale is not None, nq.scale is not None)
-        return half_mm(qq, nq, compute=compute)[:rows]
+        return half_mm(qq, nq, compute=compute, keep_half=half_out)[:rows]
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
@@ -221,9 +226,11 @@ class HalfLogits(torch.autograd.Function):
         qq = QuantizedRows(qd, qs if ctx.has_scale[0] else None)
         nq = QuantizedRows(nd, ns if ctx.has_scale[1] else None)
         padded, rows = qd.shape[0], ctx.rows
-        grad = grad.float()
         unscaled = (_never_scales(ctx.dtype, ctx.per_row_scale) and qq.scale is None
                     and nq.scale is None)
+        # a gradient already in the half dtype (half_out) is what rounding it would give
+        if not (unscaled and grad.dtype == ctx.dtype):
+            grad = grad.float()
         gq_out = gn_out = gq = None
         if ctx.needs_input_grad[0] or unscaled:
             # dQ = G @ N_deq = (G * sn) @ Nd: fold n's column scales into G, then quantize G rows
@@ -242,15 +249,19 @@ class HalfLogits(torch.autograd.Function):
                 gtq = QuantizedRows(F.pad(gtq.data, (0, padded - rows)), gtq.scale)
             gn_out = half_mm(gtq, QuantizedRows(qq.data, None), transpose_b=False,
                              compute=ctx.compute).to(ctx.n_dtype)
-        return gq_out, gn_out, None, None, None
+        return gq_out, gn_out, None, None, None, None
 
 
 def half_logits(q: torch.Tensor, n: torch.Tensor, dtype: torch.dtype,
-                per_row_scale: Union[bool, str] = "auto", compute: str = "auto") -> torch.Tensor:
+                per_row_scale: Union[bool, str] = "auto", compute: str = "auto",
+                half_out: bool = False) -> torch.Tensor:
     """fp32 logits ``q [T, D] @ n [R, D].T`` from half-precision operands (autograd-aware).
 
     ``compute``: ``"auto"`` (half GEMM where fast, else fp32 on the widened rows), ``"half"``,
-    ``"fp32"``.
+    ``"fp32"``.  ``half_out``: where the half GEMM has no fp32 output (the CPU) and no row is
+    scaled, the logits in ``dtype`` -- the same values, without the widening pass (for a consumer
+    that reads half rows, e.g. :func:`torchrec_ascend.modules.logsumexp.logsumexp_rows`); its
+    gradient may then arrive in ``dtype`` too.
     """
     _use_half_compute(compute, q.device, dtype)  # validates ``compute``
-    return HalfLogits.apply(q, n, dtype, per_row_scale, compute)
+    return HalfLogits.apply(q, n, dtype, per_row_scale, compute, bool(half_out))
