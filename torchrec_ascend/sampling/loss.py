@@ -103,24 +103,6 @@ def _pool_hits(pool_ids: torch.Tensor, pos_ids: torch.Tensor) -> RowExclusions:
     return RowExclusions(torch.cat([ends.new_zeros(1), ends]), j_idx)
 
 
-def _mask_hits(logits: torch.Tensor, t_idx: torch.Tensor, j_idx: torch.Tensor) -> torch.Tensor:
-    """``logits`` with ``MASKED_LOGIT`` at ``(t_idx, j_idx)``, for a logsumexp over each row.
-
-    A fresh (non-view) ``logits`` is written in place outside autograd: through the logsumexp a
-    masked entry's gradient is ``g * exp(MASKED_LOGIT - lse) = 0`` exactly (the exponent
-    underflows; the loss's final logsumexp also takes the positive's finite logit), which is all
-    ``index_put``'s backward would write there, so its two ``[T, R]`` clones (the logits, and
-    their gradient) are saved.  No node has saved ``logits`` yet (``mm`` / ``addmm`` / ``add`` keep
-    their inputs, not their output).  A view is masked out of place as before."""
-    if t_idx.numel() == 0:
-        return logits
-    if logits._base is not None:
-        return logits.index_put((t_idx, j_idx), logits.new_tensor(MASKED_LOGIT))
-    with torch.no_grad():
-        logits.index_put_((t_idx, j_idx), logits.new_tensor(MASKED_LOGIT))
-    return logits
-
-
 class SampledSoftmaxLoss(torch.nn.Module):
     """Sampled softmax with logQ correction, accidental-hit masking and a shared negative pool.
 
@@ -176,30 +158,18 @@ class SampledSoftmaxLoss(torch.nn.Module):
     def _neg_lse(self, q: torch.Tensor, pos_ids: torch.Tensor, s: NegativeSample,
                  emb: torch.Tensor, mask: Optional[torch.Tensor],
                  index: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``[T]``: each query's logsumexp over its corrected, masked negative logits.
+        """``[T]``: each query's logsumexp over its corrected, masked negative logits, ``[T, R]``
+        (shared) or ``[T, K]`` (per token; ``index``: indexed into the distinct rows ``emb``,
+        module docstring).  ``q`` is already divided by the temperature.
 
-        The shared pool in half precision without a dense ``mask``: the logits as the half GEMM
-        gives them (bf16 on the CPU: no widening pass), the logQ correction and the accidental
-        hits inside the logsumexp (:func:`logsumexp_rows`'s bias and exclusions: no ``[T, R]``
-        pass of their own).  Otherwise the logits of :meth:`_neg_logits`.
-        """
-        if s.shared and self.half_dtype is not None and index is None and mask is None:
-            n = self._norm(emb)
-            logits = half_logits(q, n, self.half_dtype, self.per_row_scale, self.half_compute,
-                                 half_out=True)
-            bias = -s.log_q.to(torch.float32) if self.logq_correction else None
-            return logsumexp_rows(logits, bias, _pool_hits(s.ids.to(pos_ids.device), pos_ids))
-        return logsumexp_rows(self._neg_logits(q, pos_ids, s, emb, mask, index))
-
-    def _neg_logits(self, q: torch.Tensor, pos_ids: torch.Tensor, s: NegativeSample,
-                    emb: torch.Tensor, mask: Optional[torch.Tensor],
-                    index: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Corrected, masked negative logits: ``[T, R]`` (shared) or ``[T, K]`` (per token;
-        ``index``: indexed into the distinct rows ``emb``, module docstring).
-
-        ``q`` is already divided by the temperature.
+        A shared pool's accidental hits (few: found by binary search, not a dense ``[T, R]``
+        compare) are left out of the logsumexp by :func:`logsumexp_rows`'s exclusions, and in half
+        precision its logQ correction is the kernel's bias too: the logits stay as the half GEMM
+        gives them (bf16 on the CPU, no widening pass) and neither takes a ``[T, R]`` pass.
         """
         n = self._norm(emb)
+        bias: Optional[torch.Tensor] = None
+        excluded: Optional[RowExclusions] = None
         if index is not None:
             if n.shape[0] <= GEMM_GATHER_RATIO * index.shape[1]:
                 logits = torch.gather(q @ n.t(), 1, index.to(torch.int64))
@@ -209,18 +179,16 @@ class SampledSoftmaxLoss(torch.nn.Module):
                 logits = logits - s.log_q.to(logits.dtype)
             logits = logits.masked_fill(s.ids == pos_ids[:, None], MASKED_LOGIT)
         elif s.shared:
-            bias = -s.log_q.to(q.dtype) if self.logq_correction else None
+            correction = -s.log_q.to(q.dtype) if self.logq_correction else None
             if self.half_dtype is not None:
                 logits = half_logits(q, n, self.half_dtype, self.per_row_scale,
-                                     self.half_compute)
-                if bias is not None:
-                    logits = logits + bias
-            elif bias is not None:
-                logits = torch.addmm(bias[None, :], q, n.t())  # GEMM + correction, one pass
+                                     self.half_compute, half_out=True)
+                bias = correction
+            elif correction is not None:
+                logits = torch.addmm(correction[None, :], q, n.t())  # GEMM + correction, one pass
             else:
                 logits = q @ n.t()
-            # accidental hits are few: find them by binary search, not a dense [T, R] compare
-            logits = _mask_hits(logits, *_pool_hits(s.ids.to(pos_ids.device), pos_ids).pairs())
+            excluded = _pool_hits(s.ids.to(pos_ids.device), pos_ids)
         else:
             logits = torch.einsum("td,tkd->tk", q, n)
             if self.logq_correction:
@@ -228,7 +196,7 @@ class SampledSoftmaxLoss(torch.nn.Module):
             logits = logits.masked_fill(s.ids == pos_ids[:, None], MASKED_LOGIT)
         if mask is not None:
             logits = logits.masked_fill(mask, MASKED_LOGIT)
-        return logits
+        return logsumexp_rows(logits, bias, excluded)
 
     def forward(self, query: torch.Tensor, pos_ids: torch.Tensor, pos_emb: torch.Tensor,
                 negatives: NegativeSample, neg_emb: torch.Tensor,
