@@ -19,7 +19,9 @@ a small corpus) or by gathering ``[T, K, D]`` rows (a large one); both give the 
 Masked logits are set to -1e30 (not -inf: exp underflows to exactly 0.0 in fp32, so the entry
 contributes exactly nothing to the loss or to any gradient, without the NaN that an all -inf row
 gives in the backward of logsumexp).  A negative equal to the positive is therefore removed, not
-down-weighted.
+down-weighted.  A shared pool's hits are not written at all: the row-wise logsumexp
+(:func:`~torchrec_ascend.modules.logsumexp.logsumexp_rows`) leaves them out of their rows, the
+same sums and gradients without a ``[T, R]`` write.
 
 ``half_precision="fp16"|"bf16"`` computes the shared-pool logit GEMM from half-precision rows
 (see :mod:`torchrec_ascend.sampling.quant`): only the valid rows are quantised (padding is
