@@ -1,6 +1,7 @@
-// Row-wise fp32 kernels of the losses, each one pass over a row-major [N, D] tensor (a row is
-// reread from L1, never from memory): torch's composites of the same formulas take 3-5 passes,
-// each at memory speed on the [tokens, D] / [tokens, negatives] tensors of a training step.
+// Row-wise kernels of the losses (fp32 arithmetic; fp32 rows, and bf16 ones for logsumexp), each
+// one pass over a row-major [N, D] tensor (a row is reread from L1, never from memory): torch's
+// composites of the same formulas take 3-5 passes, each at memory speed on the [tokens, D] /
+// [tokens, negatives] tensors of a training step.
 //
 //   l2_normalize_rows(x, eps, scale) -> y, inv, clamped
 //       inv[r] = scale / max(||x_r||, eps), y = x * inv, clamped[r] = ||x_r|| <= eps
