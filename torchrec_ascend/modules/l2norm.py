@@ -97,4 +97,3 @@ def l2_normalized_dot(q: torch.Tensor, x: torch.Tensor, eps: float = 1e-12) -> t
     if (_row_kernels(q) and _row_kernels(x) and extension.kernel("l2_dot_rows") is not None):
         return _L2NormalizedDot.apply(q, x, float(eps))
     return torch.linalg.vecdot(q, l2_normalize(x, eps))
-

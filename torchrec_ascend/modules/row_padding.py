@@ -80,4 +80,3 @@ def real_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     if rows == x.shape[0]:
         return x
     return _RealRows.apply(x, rows)
-
