@@ -1,7 +1,9 @@
 // bf16 <-> fp32 as plain bit operations that GCC vectorises (round to nearest even; NaN stays
-// NaN): the row kernels' loads and stores of bfloat16 tensors (hstu_layer.cpp, rows.cpp).
+// NaN): the row kernels' loads and stores of bfloat16 tensors (hstu_layer.cpp, rows.cpp), and
+// their dispatch on the two dtypes.
 #pragma once
 
+#include <c10/core/ScalarType.h>
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
@@ -56,6 +58,13 @@ __attribute__((always_inline)) inline void store_f(T* p, int64_t i, float v) {
   } else {
     reinterpret_cast<uint16_t*>(p)[i] = bf16_bits(v);
   }
+}
+
+// f(float{}) for a float32 tensor, f(bf16{}) otherwise (the caller has checked it is one of the two)
+template <typename Tensor, typename F>
+void by_dtype(const Tensor& t, F&& f) {
+  if (t.scalar_type() == c10::ScalarType::Float) f(float{});
+  else f(bf16{});
 }
 
 }  // namespace torchrec_ascend

@@ -87,11 +87,6 @@ void check_2d(const char* name, const at::Tensor& t) {
                     ": dtype must be float32 or bfloat16, got ", t.scalar_type());
 }
 
-template <typename F>
-void over_rows(int64_t rows, int64_t cols, F&& f) {
-  parallel_over(rows, rows * cols, [&](int64_t r0, int64_t r1) { f(r0, r1); });
-}
-
 // Row-range bodies (templates, inlined into the per-dtype functions below, which GCC clones for
 // AVX-512 and AVX2 and picks at load time: TRASC_VECTOR_CLONES, isa.h).
 
@@ -366,11 +361,6 @@ inline void cast_colsum(const float* dy, int64_t r0, int64_t r1, int64_t D, floa
 }
 inline void cast_colsum(const float* dy, int64_t r0, int64_t r1, int64_t D, bf16* out, float* part) {
   cast_colsum_bf16(dy, r0, r1, D, out, part);
-}
-
-template <typename F>
-void by_dtype(const at::Tensor& t, F&& f) {
-  if (t.scalar_type() == at::kFloat) f(float{}); else f(bf16{});
 }
 
 }  // namespace

@@ -32,6 +32,13 @@ void parallel_over(int64_t n, int64_t work, F&& f) {
   at::parallel_for(0, n, std::max<int64_t>(1, n * kChunkWork / work), f);
 }
 
+// f(r0, r1) over the rows of a [rows, cols] tensor: parallel_over with the elements as the work
+// (the row kernels: csrc/hstu_layer.cpp, csrc/rows.cpp)
+template <typename F>
+void over_rows(int64_t rows, int64_t cols, F&& f) {
+  parallel_over(rows, rows * cols, [&](int64_t r0, int64_t r1) { f(r0, r1); });
+}
+
 }  // namespace torchrec_ascend
 
 #if defined(__linux__)

@@ -62,13 +62,19 @@ __attribute__((always_inline)) inline float row_dot(const float* a, const float*
   return lanes_sum(acc);
 }
 
+// scale / max(||x||, eps) of a row; clamped: ||x|| <= eps (F.normalize's rule)
+__attribute__((always_inline)) inline float inv_norm(const float* x, int64_t D, float eps, float scale,
+                                                     bool& clamped) {
+  const float norm = std::sqrt(row_dot(x, x, D));
+  clamped = norm <= eps;
+  return scale / (norm > eps ? norm : eps);
+}
+
 TRASC_VECTOR_CLONES void l2_rows(const float* x, int64_t r0, int64_t r1, int64_t D, float eps, float scale, float* y,
                                  float* inv, bool* clamped) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * D;
-    const float norm = std::sqrt(row_dot(xr, xr, D));
-    clamped[r] = norm <= eps;
-    const float s = scale / (norm > eps ? norm : eps);
+    const float s = inv_norm(xr, D, eps, scale, clamped[r]);
     inv[r] = s;
     float* yr = y + r * D;
     for (int64_t c = 0; c < D; ++c) yr[c] = xr[c] * s;
@@ -109,9 +115,7 @@ TRASC_VECTOR_CLONES void l2_dot_rows(const float* q, const float* x, int64_t r0,
   for (int64_t r = r0; r < r1; ++r) {
     const float* qr = q + r * D;
     const float* xr = x + r * D;
-    const float norm = std::sqrt(row_dot(xr, xr, D));
-    clamped[r] = norm <= eps;
-    const float s = 1.0f / (norm > eps ? norm : eps);
+    const float s = inv_norm(xr, D, eps, 1.0f, clamped[r]);
     inv[r] = s;
     out[r] = row_dot(qr, xr, D) * s;
   }
@@ -134,7 +138,6 @@ TRASC_VECTOR_CLONES void l2_dot_rows_bwd(const float* g, const float* q, const f
   }
 }
 
-// max_c x[c] + b[c] (kBias false: b unused)
 // max_c x[c] (kLanes lanes of ordered bits)
 __attribute__((always_inline)) inline float row_max(const float* x, int64_t D) {
   int32_t acc[kLanes];
@@ -184,7 +187,7 @@ __attribute__((always_inline)) inline void lse_range(const T* x, const float* b,
       lse[r] = m;
       continue;
     }
-    if (!std::isfinite(m)) m = 0.0f;  // torch.logsumexp's shift: a +inf (or nan) row by 0
+    if (!std::isfinite(m)) m = 0.0f;  // torch.logsumexp's shift: a +inf row by 0
     float acc[kLanes] = {};
     int64_t c = 0;
     for (; c + kLanes <= D; c += kLanes)
@@ -265,11 +268,6 @@ at::Tensor mask_rows(const char* name, const at::Tensor& t, int64_t n) {
                     ": expected a bool CPU tensor [", n, "], got ", t.scalar_type(), " ", t.sizes(), " on ",
                     t.device());
   return t.contiguous();
-}
-
-template <typename F>
-void over_rows(int64_t rows, int64_t cols, F&& f) {
-  parallel_over(rows, rows * cols, [&](int64_t r0, int64_t r1) { f(r0, r1); });
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> l2_normalize_rows(const at::Tensor& x, double eps, double scale) {
@@ -386,12 +384,6 @@ struct LseExtras {
   }
 };
 
-template <typename F>
-void by_row_dtype(const at::Tensor& t, F&& f) {
-  if (t.scalar_type() == at::kFloat) f(float{});
-  else f(bf16{});
-}
-
 at::Tensor logsumexp_rows(const at::Tensor& x, const c10::optional<at::Tensor>& bias,
                           const c10::optional<at::Tensor>& ex_ptr, const c10::optional<at::Tensor>& ex_cols) {
   const at::Tensor xc = rows_f32_bf16("x", x);
@@ -399,7 +391,7 @@ at::Tensor logsumexp_rows(const at::Tensor& x, const c10::optional<at::Tensor>& 
   const LseExtras extra(N, D, bias, ex_ptr, ex_cols);
   at::Tensor lse = at::empty({N}, xc.options().dtype(at::kFloat));
   float* lp = lse.data_ptr<float>();
-  by_row_dtype(xc, [&](auto tag) {
+  by_dtype(xc, [&](auto tag) {
     using T = decltype(tag);
     const T* xp = xc.data_ptr<T>();
     over_rows(N, D, [&](int64_t r0, int64_t r1) {
@@ -420,7 +412,7 @@ at::Tensor logsumexp_rows_bwd(const at::Tensor& g, const at::Tensor& x, const c1
   at::Tensor dx = at::empty_like(xc);
   const float* gp = gc.data_ptr<float>();
   const float* lp = lc.data_ptr<float>();
-  by_row_dtype(xc, [&](auto tag) {
+  by_dtype(xc, [&](auto tag) {
     using T = decltype(tag);
     const T* xp = xc.data_ptr<T>();
     T* dp = dx.data_ptr<T>();
