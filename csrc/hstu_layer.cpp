@@ -43,6 +43,7 @@
 #include "hstu_math.h"
 #include "isa.h"
 #include "parallel.h"
+#include "tensor_checks.h"
 #include "torchrec_ascend.h"
 
 namespace torchrec_ascend {
@@ -80,12 +81,6 @@ inline bool avx512() {
 
 __attribute__((always_inline)) inline float sigmoid(float z) { return 1.0f / (1.0f + hstu::exp_f32(-z)); }
 
-void check_2d(const char* name, const at::Tensor& t) {
-  TORCH_CHECK_VALUE(t.device().is_cpu() && t.dim() == 2, name, ": expected a 2-D CPU tensor, got ", t.sizes(), " on ",
-                    t.device());
-  TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
-                    ": dtype must be float32 or bfloat16, got ", t.scalar_type());
-}
 
 // Row-range bodies (templates, inlined into the per-dtype functions below, which GCC clones for
 // AVX-512 and AVX2 and picks at load time: TRASC_VECTOR_CLONES, isa.h).
@@ -366,7 +361,7 @@ inline void cast_colsum(const float* dy, int64_t r0, int64_t r1, int64_t D, bf16
 }  // namespace
 
 std::vector<at::Tensor> hstu_silu_split(const at::Tensor& h, std::vector<int64_t> widths) {
-  check_2d("h", h);
+  check_cpu_tensor("h", h, 2, {at::kFloat, at::kBFloat16});
   TORCH_CHECK_VALUE(widths.size() == 4, "widths: expected 4 (u, v, q, k), got ", widths.size());
   int64_t total = 0;
   for (int64_t w : widths) {
@@ -391,7 +386,7 @@ std::vector<at::Tensor> hstu_silu_split(const at::Tensor& h, std::vector<int64_t
 }
 
 at::Tensor hstu_silu_split_bwd(const std::vector<at::Tensor>& grads, const at::Tensor& h) {
-  check_2d("h", h);
+  check_cpu_tensor("h", h, 2, {at::kFloat, at::kBFloat16});
   TORCH_CHECK_VALUE(grads.size() == 4, "grads: expected 4 (du, dv, dq, dk), got ", grads.size());
   std::vector<at::Tensor> gc;
   int64_t w4[4], total = 0;
@@ -422,8 +417,8 @@ at::Tensor hstu_silu_split_bwd(const std::vector<at::Tensor>& grads, const at::T
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> hstu_norm_gate(const at::Tensor& attn, const at::Tensor& u, double p,
                                                               int64_t seed) {
-  check_2d("attn", attn);
-  check_2d("u", u);
+  check_cpu_tensor("attn", attn, 2, {at::kFloat, at::kBFloat16});
+  check_cpu_tensor("u", u, 2, {at::kFloat, at::kBFloat16});
   TORCH_CHECK_VALUE(attn.sizes() == u.sizes(), "u: shape ", u.sizes(), " must equal attn's ", attn.sizes());
   const Dropout drop(p, seed);
   at::Tensor uc = u.contiguous(), ac = attn.to(u.scalar_type()).contiguous();
@@ -446,13 +441,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> hstu_norm_gate(const at::Tensor& 
 std::tuple<at::Tensor, at::Tensor> hstu_norm_gate_bwd(const at::Tensor& dy, const at::Tensor& attn, const at::Tensor& u,
                                                       const at::Tensor& mean, const at::Tensor& rstd, double p,
                                                       int64_t seed) {
-  check_2d("attn", attn);
-  check_2d("u", u);
+  check_cpu_tensor("attn", attn, 2, {at::kFloat, at::kBFloat16});
+  check_cpu_tensor("u", u, 2, {at::kFloat, at::kBFloat16});
   TORCH_CHECK_VALUE(dy.sizes() == u.sizes() && attn.sizes() == u.sizes(), "dy, attn, u: shapes must agree, got ",
                     dy.sizes(), ", ", attn.sizes(), ", ", u.sizes());
-  TORCH_CHECK_VALUE(mean.numel() == attn.size(0) && rstd.numel() == attn.size(0) && mean.scalar_type() == at::kFloat &&
-                        rstd.scalar_type() == at::kFloat,
-                    "mean, rstd: float32 [", attn.size(0), "] expected");
+  check_cpu_tensor("mean", mean, 1, {at::kFloat}, attn.size(0));
+  check_cpu_tensor("rstd", rstd, 1, {at::kFloat}, attn.size(0));
   const Dropout drop(p, seed);
   at::Tensor uc = u.contiguous(), ac = attn.to(u.scalar_type()).contiguous(), gc = dy.to(u.scalar_type()).contiguous();
   at::Tensor mc = mean.contiguous(), rc = rstd.contiguous();
@@ -501,10 +495,7 @@ TRASC_VECTOR_CLONES void input_rows_bwd(const float* dy, const int64_t* pos, int
 }
 
 void check_positions(const at::Tensor& positions, int64_t T, int64_t rows) {
-  TORCH_CHECK_VALUE(positions.device().is_cpu() && positions.dim() == 1 && positions.size(0) == T &&
-                        positions.scalar_type() == at::kLong,
-                    "positions: expected an int64 CPU tensor [", T, "], got ", positions.scalar_type(), " ",
-                    positions.sizes());
+  check_cpu_tensor("positions", positions, 1, {at::kLong}, T);
   if (T == 0) return;
   const at::Tensor lo = positions.min(), hi = positions.max();
   TORCH_CHECK_VALUE(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < rows, "positions: must be in [0, ", rows,
@@ -513,10 +504,8 @@ void check_positions(const at::Tensor& positions, int64_t T, int64_t rows) {
 
 at::Tensor hstu_input_rows(const at::Tensor& x, const at::Tensor& table, const at::Tensor& positions, double scale,
                            double p, int64_t seed) {
-  check_2d("x", x);
-  check_2d("table", table);
-  TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat && table.scalar_type() == at::kFloat,
-                    "x, table: dtype must be float32, got ", x.scalar_type(), " and ", table.scalar_type());
+  check_cpu_tensor("x", x, 2, {at::kFloat});
+  check_cpu_tensor("table", table, 2, {at::kFloat});
   TORCH_CHECK_VALUE(table.size(1) == x.size(1), "table: expected ", x.size(1), " columns (x's), got ",
                     table.size(1));
   const int64_t T = x.size(0), D = x.size(1);
@@ -535,8 +524,7 @@ at::Tensor hstu_input_rows(const at::Tensor& x, const at::Tensor& table, const a
 
 std::tuple<at::Tensor, at::Tensor> hstu_input_rows_bwd(const at::Tensor& dy, const at::Tensor& positions,
                                                        int64_t rows, double scale, double p, int64_t seed) {
-  check_2d("dy", dy);
-  TORCH_CHECK_VALUE(dy.scalar_type() == at::kFloat, "dy: dtype must be float32, got ", dy.scalar_type());
+  check_cpu_tensor("dy", dy, 2, {at::kFloat});
   const int64_t T = dy.size(0), D = dy.size(1);
   check_positions(positions, T, rows);
   const Dropout drop(p, seed);
@@ -549,7 +537,7 @@ std::tuple<at::Tensor, at::Tensor> hstu_input_rows_bwd(const at::Tensor& dy, con
 }
 
 at::Tensor hstu_dropout(const at::Tensor& x, double p, int64_t seed) {
-  check_2d("x", x);
+  check_cpu_tensor("x", x, 2, {at::kFloat, at::kBFloat16});
   const Dropout drop(p, seed);
   at::Tensor xc = x.contiguous(), y = at::empty_like(xc);
   by_dtype(xc, [&](auto tag) {
@@ -565,8 +553,7 @@ at::Tensor hstu_dropout(const at::Tensor& x, double p, int64_t seed) {
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> hstu_ln_cast(const at::Tensor& x, at::ScalarType dtype) {
-  check_2d("x", x);
-  TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat, "x: dtype must be float32, got ", x.scalar_type());
+  check_cpu_tensor("x", x, 2, {at::kFloat});
   TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kBFloat16, "dtype: must be float32 or bfloat16, got ", dtype);
   at::Tensor xc = x.contiguous();
   const int64_t T = xc.size(0), D = xc.size(1);
@@ -587,17 +574,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> hstu_ln_cast(const at::Tensor& x,
 
 at::Tensor hstu_ln_cast_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
                             const c10::optional<at::Tensor>& add) {
-  check_2d("dy", dy);
-  check_2d("x", x);
-  TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat, "x: dtype must be float32, got ", x.scalar_type());
+  check_cpu_tensor("dy", dy, 2, {at::kFloat, at::kBFloat16});
+  check_cpu_tensor("x", x, 2, {at::kFloat});
   TORCH_CHECK_VALUE(dy.sizes() == x.sizes(), "dy: shape ", dy.sizes(), " must equal x's ", x.sizes());
-  TORCH_CHECK_VALUE(mean.numel() == x.size(0) && rstd.numel() == x.size(0) && mean.scalar_type() == at::kFloat &&
-                        rstd.scalar_type() == at::kFloat,
-                    "mean, rstd: float32 [", x.size(0), "] expected");
+  check_cpu_tensor("mean", mean, 1, {at::kFloat}, x.size(0));
+  check_cpu_tensor("rstd", rstd, 1, {at::kFloat}, x.size(0));
   at::Tensor xc = x.contiguous(), gc = dy.contiguous(), mc = mean.contiguous(), rc = rstd.contiguous(), ac;
   if (add.has_value() && add->defined()) {
-    TORCH_CHECK_VALUE(add->scalar_type() == at::kFloat && add->sizes() == x.sizes(), "add: expected float32 ",
-                      x.sizes(), ", got ", add->scalar_type(), " ", add->sizes());
+    check_cpu_tensor("add", *add, 2, {at::kFloat});
+    TORCH_CHECK_VALUE(add->sizes() == x.sizes(), "add: shape ", add->sizes(), " must equal x's ", x.sizes());
     ac = add->contiguous();
   }
   const int64_t T = xc.size(0), D = xc.size(1);
@@ -622,8 +607,7 @@ at::Tensor hstu_ln_cast_bwd(const at::Tensor& dy, const at::Tensor& x, const at:
 constexpr int64_t kColsumRows = 256;
 
 std::tuple<at::Tensor, at::Tensor> hstu_cast_colsum(const at::Tensor& dy, at::ScalarType dtype) {
-  check_2d("dy", dy);
-  TORCH_CHECK_VALUE(dy.scalar_type() == at::kFloat, "dy: dtype must be float32, got ", dy.scalar_type());
+  check_cpu_tensor("dy", dy, 2, {at::kFloat});
   TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kBFloat16, "dtype: must be float32 or bfloat16, got ", dtype);
   at::Tensor gc = dy.contiguous();
   const int64_t T = gc.size(0), D = gc.size(1), nb = (T + kColsumRows - 1) / kColsumRows;
@@ -708,16 +692,13 @@ at::Tensor hstu_transpose(const at::Tensor& x) {
 }
 
 at::Tensor hstu_residual_add(const at::Tensor& x, const at::Tensor& o, const c10::optional<at::Tensor>& bias) {
-  check_2d("x", x);
-  check_2d("o", o);
-  TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat, "x: dtype must be float32, got ", x.scalar_type());
+  check_cpu_tensor("x", x, 2, {at::kFloat});
+  check_cpu_tensor("o", o, 2, {at::kFloat, at::kBFloat16});
   TORCH_CHECK_VALUE(o.sizes() == x.sizes(), "o: shape ", o.sizes(), " must equal x's ", x.sizes());
   at::Tensor xc = x.contiguous(), oc = o.contiguous(), bc;
   const int64_t T = xc.size(0), D = xc.size(1);
   if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK_VALUE(bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->size(0) == D,
-                      "bias: expected float32 [", D, "], got ", bias->scalar_type(), " ", bias->sizes());
-    bc = bias->contiguous();
+    bc = contiguous_cpu_tensor("bias", *bias, 1, {at::kFloat}, D);
   }
   at::Tensor y = at::empty_like(xc);
   const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;

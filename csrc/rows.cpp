@@ -38,6 +38,7 @@
 #include "hstu_math.h"
 #include "isa.h"
 #include "parallel.h"
+#include "tensor_checks.h"
 #include "torchrec_ascend.h"
 
 namespace torchrec_ascend {
@@ -250,24 +251,16 @@ inline void lse_rows_bwd(const float* g, const bf16* x, const float* b, const fl
   lse_rows_bwd_bf16(g, x, b, lse, ex, r0, r1, D, buf, dx);
 }
 
-at::Tensor rows_f32(const char* name, const at::Tensor& t) {
-  TORCH_CHECK_VALUE(t.device().is_cpu() && t.dim() == 2 && t.scalar_type() == at::kFloat, name,
-                    ": expected a 2-D float32 CPU tensor, got ", t.scalar_type(), " ", t.sizes(), " on ", t.device());
-  return t.contiguous();
-}
-
+// the entry points' tensors (tensor_checks.h): rows [N, D], vectors [n], row masks [n]
+at::Tensor rows_f32(const char* name, const at::Tensor& t) { return contiguous_cpu_tensor(name, t, 2, {at::kFloat}); }
 at::Tensor vec_f32(const char* name, const at::Tensor& t, int64_t n) {
-  TORCH_CHECK_VALUE(t.device().is_cpu() && t.dim() == 1 && t.size(0) == n && t.scalar_type() == at::kFloat, name,
-                    ": expected a float32 CPU tensor [", n, "], got ", t.scalar_type(), " ", t.sizes(), " on ",
-                    t.device());
-  return t.contiguous();
+  return contiguous_cpu_tensor(name, t, 1, {at::kFloat}, n);
 }
-
 at::Tensor mask_rows(const char* name, const at::Tensor& t, int64_t n) {
-  TORCH_CHECK_VALUE(t.device().is_cpu() && t.dim() == 1 && t.size(0) == n && t.scalar_type() == at::kBool, name,
-                    ": expected a bool CPU tensor [", n, "], got ", t.scalar_type(), " ", t.sizes(), " on ",
-                    t.device());
-  return t.contiguous();
+  return contiguous_cpu_tensor(name, t, 1, {at::kBool}, n);
+}
+at::Tensor rows_f32_bf16(const char* name, const at::Tensor& t) {
+  return contiguous_cpu_tensor(name, t, 2, {at::kFloat, at::kBFloat16});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> l2_normalize_rows(const at::Tensor& x, double eps, double scale) {
@@ -339,14 +332,6 @@ std::tuple<at::Tensor, at::Tensor> l2_dot_rows_bwd_op(const at::Tensor& g, const
   return {dq, dx};
 }
 
-at::Tensor rows_f32_bf16(const char* name, const at::Tensor& t) {
-  TORCH_CHECK_VALUE(t.device().is_cpu() && t.dim() == 2 &&
-                        (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16),
-                    name, ": expected a 2-D float32 or bfloat16 CPU tensor, got ", t.scalar_type(), " ", t.sizes(),
-                    " on ", t.device());
-  return t.contiguous();
-}
-
 // The optional bias [D] and exclusions (CSR over N rows, columns < D), checked
 struct LseExtras {
   at::Tensor bias, ptr, cols;
@@ -361,14 +346,8 @@ struct LseExtras {
     const bool hp = ptr_.has_value() && ptr_->defined(), hc = cols_.has_value() && cols_->defined();
     TORCH_CHECK_VALUE(hp == hc, "ex_ptr, ex_cols: give both or neither");
     if (!hp) return;
-    TORCH_CHECK_VALUE(ptr_->device().is_cpu() && ptr_->dim() == 1 && ptr_->size(0) == N + 1 &&
-                          ptr_->scalar_type() == at::kLong,
-                      "ex_ptr: expected an int64 CPU tensor [", N + 1, "], got ", ptr_->scalar_type(), " ",
-                      ptr_->sizes());
-    TORCH_CHECK_VALUE(cols_->device().is_cpu() && cols_->dim() == 1 && cols_->scalar_type() == at::kLong,
-                      "ex_cols: expected a 1-D int64 CPU tensor, got ", cols_->scalar_type(), " ", cols_->sizes());
-    ptr = ptr_->contiguous();
-    cols = cols_->contiguous();
+    ptr = contiguous_cpu_tensor("ex_ptr", *ptr_, 1, {at::kLong}, N + 1);
+    cols = contiguous_cpu_tensor("ex_cols", *cols_, 1, {at::kLong});
     const int64_t* p = ptr.data_ptr<int64_t>();
     const int64_t nnz = cols.size(0);
     TORCH_CHECK_VALUE(p[0] == 0 && p[N] == nnz, "ex_ptr: must run from 0 to ex_cols' length ", nnz, ", got ", p[0],

@@ -116,7 +116,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match="x: expected a 2-D tensor"):
         logsumexp_rows(torch.ones(3))
     if KERNEL:
-        with pytest.raises(ValueError, match="bias: expected a float32 CPU tensor"):
+        with pytest.raises(ValueError, match=r"bias: expected a 1-D float32 CPU tensor \[3\], got float32 \[4\]"):
             extension.kernel("logsumexp_rows")(torch.ones(2, 3), torch.ones(4))
         with pytest.raises(ValueError, match="x: expected a 2-D float32 or bfloat16 CPU tensor"):
             extension.kernel("logsumexp_rows")(torch.ones(2, 3, dtype=torch.float64))
@@ -124,6 +124,10 @@ def test_bad_input():
             extension.kernel("logsumexp_rows")(torch.ones(2, 3), None, torch.tensor([0, 1, 1]), torch.tensor([3]))
         with pytest.raises(ValueError, match="ex_ptr: must not decrease"):
             extension.kernel("logsumexp_rows")(torch.ones(2, 3), None, torch.tensor([0, 2, 1]), torch.tensor([0]))
+        with pytest.raises(ValueError, match=r"ex_ptr: expected a 1-D int64 CPU tensor \[3\], got int64 \[2\]"):
+            extension.kernel("logsumexp_rows")(torch.ones(2, 3), None, torch.tensor([0, 1]), torch.tensor([0]))
+        with pytest.raises(ValueError, match="ex_cols: expected a 1-D int64 CPU tensor, got float32"):
+            extension.kernel("logsumexp_rows")(torch.ones(2, 3), None, torch.tensor([0, 1, 1]), torch.tensor([0.0]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
