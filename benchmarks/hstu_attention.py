@@ -1,14 +1,17 @@
 """Fused jagged HSTU attention (csrc CPU kernel): efficiency against the machine's large-GEMM peak
 of the same dtype, measured in the same run; and speed / memory against a padded PyTorch HSTU.
 
-Usage: ``python benchmarks/hstu_attention.py [--quick] [--max-len 1024 ...] [--threads 1 2]``
-(``--quick``: max_len 256, one round).  Writes ``benchmarks/results/hstu_attention_<cpu kind>.json``
-(``amx``, ``avx512bf16``, ``avx512``, ``avx2``: :func:`common.cpu_kind`) and prints a table.
+Usage: ``python benchmarks/hstu_attention.py [--quick] [--max-len 1024 ...] [--threads 1 2]
+[--heads 8]`` (``--quick``: max_len 256, one round).  Writes
+``benchmarks/results/hstu_attention_<cpu kind>.json`` (``amx``, ``avx512bf16``, ``avx512``,
+``avx2``: :func:`common.cpu_kind`; ``..._h<heads>.json`` for heads other than 4) and prints a
+table.
 
 Rows: dtype (fp32, bf16) x max_len (256, 1024, 4096) x threads (1, 2).  Inputs: heavy-tailed
 lengths (mean about max_len / 4, one sequence at max_len; the batch shrinks with max_len so the
-padded side fits), H=4, d=64 (the paper's head dim), causal, relative bias (position + time
-buckets, sorted timestamps) on -- the configuration HSTU trains with.
+padded side fits), H=4 (``--heads``; the paper config trains with 8), d=64 (the paper's head
+dim), causal, relative bias (position + time buckets, sorted timestamps) on -- the configuration
+HSTU trains with.
 
 Per row, these contenders are timed side by side, interleaved round by round
 (``benchmarks/side_by_side.py``: ``torch.utils.benchmark`` blocked_autorange at the row's thread
@@ -62,6 +65,14 @@ GEMM_N = 2048
 OPS = ["hstu_mha", "hstu_mha_backward"]
 GOALS = {"fwd_efficiency": 0.60, "bwd_efficiency": 0.50}
 MEM_FLOOR = 2 ** 20  # a peak RSS rise under 1 MiB is no measurement of the op's memory
+
+
+def set_heads(heads: int) -> None:
+    """The heads every row runs with (``--heads``)."""
+    global H
+    H = int(heads)
+
+
 _ops = torch.ops.torchrec_ascend
 
 
@@ -158,8 +169,8 @@ def mem_worker(path: str, max_len: int, dtype_name: str) -> None:
 
 def peak_mem(path: str, max_len: int, dtype_name: str) -> int:
     """Peak RSS rise of one forward+backward, measured in a fresh subprocess."""
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--mem-worker", path, str(max_len),
-                          dtype_name], check=True, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--heads", str(H), "--mem-worker", path,
+                          str(max_len), dtype_name], check=True, capture_output=True, text=True)
     return int(json.loads(out.stdout.strip().splitlines()[-1])["peak_rise_bytes"])
 
 
@@ -242,8 +253,13 @@ def main() -> int:
     ap.add_argument("--dtypes", nargs="*", choices=sorted(DTYPES), default=None)
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3; --quick 1)")
     ap.add_argument("--no-padded", action="store_true", help="skip the padded PyTorch contender")
+    ap.add_argument("--heads", type=int, default=H, help=f"attention heads (default {H})")
     ap.add_argument("--mem-worker", nargs=3, metavar=("PATH", "MAX_LEN", "DTYPE"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.heads < 1:
+        ap.error(f"--heads: must be >= 1, got {a.heads}")
+    default_heads = H
+    set_heads(a.heads)
     if a.mem_worker:
         mem_worker(a.mem_worker[0], int(a.mem_worker[1]), a.mem_worker[2])
         return 0
@@ -266,7 +282,8 @@ def main() -> int:
                               "fwd_efficiency_cpu", "bwd_efficiency_cpu", "fwdbwd_speedup", "peak_mem_ratio",
                               "load_avg_1min"])
     kind = common.cpu_kind()
-    path = common.write_json(f"hstu_attention_{kind}", {
+    suffix = "" if H == default_heads else f"_h{H}"
+    path = common.write_json(f"hstu_attention_{kind}{suffix}", {
         "quick": a.quick, "rounds": rounds, "cpu_kind": kind,
         "timing": "torch.utils.benchmark blocked_autorange, contenders interleaved per round; *_cpu: thread CPU time",
         "gemm": f"torch.mm {GEMM_N}x{GEMM_N}x{GEMM_N} in the row's dtype and thread count, same rounds",

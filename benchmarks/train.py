@@ -76,9 +76,12 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
         "train": dict(_TRAIN, batch_size=8, num_negatives=512),
         "num_items": 20_000, "num_users": 2_000,
         "contenders": [("hstu", "fp32"), ("hstu", "bf16")],
-        # 10 warm-up steps: in bf16 the CPU's GEMM primitives are built once per 64-row bucket
-        # of the batch's token count (modules/row_padding.py); a long run meets each bucket again
-        "protocol": {False: (10, 3, 4), True: (1, 2, 1)},
+        # 40 warm-up steps: in bf16 the CPU's GEMM primitives are built once per 64-row bucket
+        # of the batch's token count (modules/row_padding.py, device.GEMM_ROW_MULTIPLE); a long
+        # run meets each bucket again.  Batches of 8 heavy-tailed sequences (~30 buckets) met
+        # new buckets until step ~30 (minor page faults of the JIT code, per step: 9,000 at
+        # steps 0-9, ~5,000 at 10-29, ~100 later; 2026-12-07, 2-core Xeon with AMX)
+        "protocol": {False: (40, 3, 4), True: (1, 2, 1)},
     },
 }
 PEAK_N = 2048
@@ -158,7 +161,8 @@ def run_config(name: str, env, quick: bool) -> Tuple[List[Dict[str, Any]], Dict[
                                                   kind, 1e9, progress=False,
                                                   console=Console(False))
     acc = {k: {"tokens": 0.0, "flops": 0.0, "seconds": 0.0, "steps": 0, "loss": float("nan"),
-               "stages": StageTimes()} for k in trainers}
+               "stages": StageTimes(), "warmup_tokens": 0.0, "warmup_seconds": 0.0}
+           for k in trainers}
     steps = {k: 0 for k in trainers}
     recorders = {k: OffsetsRecorder(t.model.head) for k, t in trainers.items()}
 
@@ -167,7 +171,10 @@ def run_config(name: str, env, quick: bool) -> Tuple[List[Dict[str, Any]], Dict[
 
         def on_step(step: int, loss: float, stats: torch.Tensor, secs: float) -> None:
             a["loss"] = loss
-            if record:
+            if not record:  # warm-up steps: their rate is reported beside the timed one
+                a["warmup_tokens"] += float(stats[1])
+                a["warmup_seconds"] += secs
+            else:
                 a["tokens"] += float(stats[1])
                 a["flops"] += float(stats[2])
                 a["seconds"] += secs
@@ -201,6 +208,7 @@ def run_config(name: str, env, quick: bool) -> Tuple[List[Dict[str, Any]], Dict[
                      "steps": int(a["steps"]), "tokens": int(a["tokens"]),
                      "tokens_per_step": a["tokens"] / a["steps"], "seconds": a["seconds"],
                      "tokens_per_s": a["tokens"] / a["seconds"],
+                     "warmup_tokens_per_s": a["warmup_tokens"] / max(a["warmup_seconds"], 1e-9),
                      "model_gflops_per_s": rate / 1e9,
                      "mfu": rate / (peak[dtype] * 1e9),
                      "mfu_fp32_peak": rate / (peak[torch.float32] * 1e9),

@@ -40,6 +40,7 @@ def test_run_config_times_every_contender_end_to_end(monkeypatch):
     assert [(r["model"], r["dtype"]) for r in rows] == [("hstu", "float32"), ("sasrec", "float32")]
     for r in rows:
         assert r["steps"] == 4 and r["tokens"] > 0 and 0 < r["mfu"] < 1
+        assert r["warmup_tokens_per_s"] > 0  # the one warm-up step's rate, kept apart
         parts = r["breakdown_ms"]
         assert parts["step"] > 0 and parts["sampled_softmax"] > 0
         assert abs(sum(v for k, v in parts.items() if k != "step") - parts["step"]) < 1e-6
