@@ -81,7 +81,6 @@ inline bool avx512() {
 
 __attribute__((always_inline)) inline float sigmoid(float z) { return 1.0f / (1.0f + hstu::exp_f32(-z)); }
 
-
 // Row-range bodies (templates, inlined into the per-dtype functions below, which GCC clones for
 // AVX-512 and AVX2 and picks at load time: TRASC_VECTOR_CLONES, isa.h).
 
