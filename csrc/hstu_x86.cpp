@@ -13,10 +13,6 @@
 
 #if defined(TRASC_HSTU_X86_ENGINES)
 
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -28,6 +24,8 @@
 #include <omp.h>
 #endif
 
+#include "amx_tiles.h"
+
 #include "hstu_kernel.h"
 #include "hstu_layer_kernels.h"
 
@@ -35,13 +33,9 @@ namespace torchrec_ascend {
 namespace hstu {
 namespace detail {
 
-// Linux keeps the AMX tile data state off until a process asks for it (arch_prctl
-// ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); oneDNN asks too, the request is idempotent.
+// the OS's permission for the AMX tile state, asked once (amx_tiles.h)
 bool amx_permitted() {
-  static const bool ok = [] {
-    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
+  static const bool ok = amx::request_tile_state();
   return ok;
 }
 
@@ -877,26 +871,10 @@ struct Bf16Avx512 : Bf16Common {
   }
 };
 
-// AMX tiles: every tile 16 rows x 64 bytes (16 x 16 fp32 C, 16 x 32 bf16 A, 16 pairs x 16 B)
-struct alignas(64) TileConfig {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
+// AMX tiles: every tile 16 rows x 64 bytes (amx_tiles.h)
 struct Bf16Amx : Bf16Common {
   struct Thread {
-    Thread() {
-      TileConfig cfg;
-      std::memset(&cfg, 0, sizeof(cfg));
-      cfg.palette = 1;
-      for (int t = 0; t < 8; ++t) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = 16;
-      }
-      asm volatile("" : : "r"(&cfg) : "memory");  // the configuration is read by LDTILECFG
-      _tile_loadconfig(&cfg);
-    }
+    Thread() { amx::configure_tiles_16x64(); }
     ~Thread() { _tile_release(); }
   };
 

@@ -9,22 +9,13 @@
 // tiles loaded once (the unit's issue rate), "tdp_l1_loads" with two A and two B tiles loaded
 // from L1 before each four products (what a micro-kernel with L1-resident operands can reach).
 // Best of 5 runs of 10^6 iterations (~20-30 ms each).
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
+
+#include "../../csrc/amx_tiles.h"  // the tile state and configuration the kernels use
 
 namespace {
-
-struct alignas(64) TileConfig {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
 
 alignas(64) uint16_t operands[4][16 * 32];  // four 16 x 64-byte tiles of bf16 ones
 alignas(64) float out[16 * 16];
@@ -65,19 +56,11 @@ double gflops(int64_t iters) {
 }  // namespace
 
 int main() {
-  constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  if (syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) != 0) {
+  if (!torchrec_ascend::amx::request_tile_state()) {
     std::fprintf(stderr, "amx_tile_rate: the OS refused the AMX tile state (no AMX, or Linux < 5.16)\n");
     return 2;
   }
-  TileConfig cfg;
-  std::memset(&cfg, 0, sizeof(cfg));
-  cfg.palette = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  _tile_loadconfig(&cfg);
+  torchrec_ascend::amx::configure_tiles_16x64();
   for (auto& tile : operands)
     for (auto& x : tile) x = 0x3f80;  // bf16 1.0
   _tile_loadd(4, operands[0], 64);
