@@ -418,7 +418,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> hstu_norm_gate(const at::Tensor& 
                                                               int64_t seed) {
   check_cpu_tensor("attn", attn, 2, {at::kFloat, at::kBFloat16});
   check_cpu_tensor("u", u, 2, {at::kFloat, at::kBFloat16});
-  TORCH_CHECK_VALUE(attn.sizes() == u.sizes(), "u: shape ", u.sizes(), " must equal attn's ", attn.sizes());
+  check_same_shape("u", u, "attn", attn);
   const Dropout drop(p, seed);
   at::Tensor uc = u.contiguous(), ac = attn.to(u.scalar_type()).contiguous();
   at::Tensor y = at::empty_like(uc);
@@ -442,8 +442,8 @@ std::tuple<at::Tensor, at::Tensor> hstu_norm_gate_bwd(const at::Tensor& dy, cons
                                                       int64_t seed) {
   check_cpu_tensor("attn", attn, 2, {at::kFloat, at::kBFloat16});
   check_cpu_tensor("u", u, 2, {at::kFloat, at::kBFloat16});
-  TORCH_CHECK_VALUE(dy.sizes() == u.sizes() && attn.sizes() == u.sizes(), "dy, attn, u: shapes must agree, got ",
-                    dy.sizes(), ", ", attn.sizes(), ", ", u.sizes());
+  check_same_shape("u", u, "attn", attn);
+  check_same_shape("dy", dy, "u", u);
   check_cpu_tensor("mean", mean, 1, {at::kFloat}, attn.size(0));
   check_cpu_tensor("rstd", rstd, 1, {at::kFloat}, attn.size(0));
   const Dropout drop(p, seed);
@@ -575,13 +575,13 @@ at::Tensor hstu_ln_cast_bwd(const at::Tensor& dy, const at::Tensor& x, const at:
                             const c10::optional<at::Tensor>& add) {
   check_cpu_tensor("dy", dy, 2, {at::kFloat, at::kBFloat16});
   check_cpu_tensor("x", x, 2, {at::kFloat});
-  TORCH_CHECK_VALUE(dy.sizes() == x.sizes(), "dy: shape ", dy.sizes(), " must equal x's ", x.sizes());
+  check_same_shape("dy", dy, "x", x);
   check_cpu_tensor("mean", mean, 1, {at::kFloat}, x.size(0));
   check_cpu_tensor("rstd", rstd, 1, {at::kFloat}, x.size(0));
   at::Tensor xc = x.contiguous(), gc = dy.contiguous(), mc = mean.contiguous(), rc = rstd.contiguous(), ac;
   if (add.has_value() && add->defined()) {
     check_cpu_tensor("add", *add, 2, {at::kFloat});
-    TORCH_CHECK_VALUE(add->sizes() == x.sizes(), "add: shape ", add->sizes(), " must equal x's ", x.sizes());
+    check_same_shape("add", *add, "x", x);
     ac = add->contiguous();
   }
   const int64_t T = xc.size(0), D = xc.size(1);
@@ -693,7 +693,7 @@ at::Tensor hstu_transpose(const at::Tensor& x) {
 at::Tensor hstu_residual_add(const at::Tensor& x, const at::Tensor& o, const c10::optional<at::Tensor>& bias) {
   check_cpu_tensor("x", x, 2, {at::kFloat});
   check_cpu_tensor("o", o, 2, {at::kFloat, at::kBFloat16});
-  TORCH_CHECK_VALUE(o.sizes() == x.sizes(), "o: shape ", o.sizes(), " must equal x's ", x.sizes());
+  check_same_shape("o", o, "x", x);
   at::Tensor xc = x.contiguous(), oc = o.contiguous(), bc;
   const int64_t T = xc.size(0), D = xc.size(1);
   if (bias.has_value() && bias->defined()) {

@@ -281,7 +281,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> l2_normalize_rows(const at::Tenso
 at::Tensor l2_normalize_rows_bwd(const at::Tensor& dy, const at::Tensor& y, const at::Tensor& inv,
                                  const at::Tensor& clamped, double scale) {
   const at::Tensor gc = rows_f32("dy", dy), yc = rows_f32("y", y);
-  TORCH_CHECK_VALUE(gc.sizes() == yc.sizes(), "dy: expected the shape of y ", yc.sizes(), ", got ", gc.sizes());
+  check_same_shape("dy", gc, "y", yc);
   const int64_t N = yc.size(0), D = yc.size(1);
   const at::Tensor ic = vec_f32("inv", inv, N), cc = mask_rows("clamped", clamped, N);
   at::Tensor dx = at::empty_like(yc);
@@ -297,7 +297,7 @@ at::Tensor l2_normalize_rows_bwd(const at::Tensor& dy, const at::Tensor& y, cons
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> l2_dot_rows_op(const at::Tensor& q, const at::Tensor& x, double eps) {
   const at::Tensor qc = rows_f32("q", q), xc = rows_f32("x", x);
-  TORCH_CHECK_VALUE(qc.sizes() == xc.sizes(), "q, x: expected one shape, got ", qc.sizes(), " and ", xc.sizes());
+  check_same_shape("x", xc, "q", qc);
   const int64_t N = xc.size(0), D = xc.size(1);
   at::Tensor out = at::empty({N}, xc.options()), inv = at::empty({N}, xc.options());
   at::Tensor clamped = at::empty({N}, xc.options().dtype(at::kBool));
@@ -315,7 +315,7 @@ std::tuple<at::Tensor, at::Tensor> l2_dot_rows_bwd_op(const at::Tensor& g, const
                                                       const at::Tensor& out, const at::Tensor& inv,
                                                       const at::Tensor& clamped) {
   const at::Tensor qc = rows_f32("q", q), xc = rows_f32("x", x);
-  TORCH_CHECK_VALUE(qc.sizes() == xc.sizes(), "q, x: expected one shape, got ", qc.sizes(), " and ", xc.sizes());
+  check_same_shape("x", xc, "q", qc);
   const int64_t N = xc.size(0), D = xc.size(1);
   const at::Tensor gc = vec_f32("g", g, N), oc = vec_f32("out", out, N), ic = vec_f32("inv", inv, N);
   const at::Tensor cc = mask_rows("clamped", clamped, N);

@@ -1,6 +1,7 @@
 // Argument checks of the row kernels' entry points (hstu_layer.cpp, rows.cpp): one rule, one
-// message -- "<name>: expected a <dim>-D <dtype> CPU tensor[ [<rows>]], got <dtype> <sizes> on
-// <device>" -- raised as ValueError in Python.
+// message each -- "<name>: expected a <dim>-D <dtype> CPU tensor[ [<rows>]], got <dtype> <sizes>
+// on <device>", "<name>: shape <sizes> must equal <other>'s <sizes>" -- raised as ValueError in
+// Python.
 #pragma once
 
 #include <torch/extension.h>
@@ -42,6 +43,12 @@ inline void check_cpu_tensor(const char* name, const at::Tensor& t, int64_t dim,
   TORCH_CHECK_VALUE(false, name, ": expected a ", dim, "-D ", want.str(), " CPU tensor",
                     rows >= 0 ? " [" + std::to_string(rows) + (dim > 1 ? ", ...]" : "]") : std::string(),
                     ", got ", dtype_name(t.scalar_type()), " ", t.sizes(), " on ", t.device());
+}
+
+// `t` of `other`'s shape; else ValueError "<name>: shape <t's> must equal <other_name>'s <other's>"
+inline void check_same_shape(const char* name, const at::Tensor& t, const char* other_name, const at::Tensor& other) {
+  TORCH_CHECK_VALUE(t.sizes() == other.sizes(), name, ": shape ", t.sizes(), " must equal ", other_name, "'s ",
+                    other.sizes());
 }
 
 // check_cpu_tensor, then `t` contiguous

@@ -235,6 +235,9 @@ def test_bad_shapes_raise():
         hstu_fused.residual_add(torch.zeros(3, 4), torch.zeros(3, 5))
     with pytest.raises(ValueError, match=r"bias: expected a 1-D float32 CPU tensor \[3\], got float32 \[4\]"):
         extension.kernel("hstu_residual_add")(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(4))
+    with pytest.raises(ValueError, match=r"dy: shape \[2, 4\] must equal u's \[2, 3\]"):
+        extension.kernel("hstu_norm_gate_bwd")(torch.zeros(2, 4), torch.zeros(2, 3), torch.zeros(2, 3),
+                                               torch.zeros(2), torch.zeros(2), 0.0, 0)
     with pytest.raises(ValueError, match="dy: shape"):
         extension.kernel("hstu_ln_cast_bwd")(torch.zeros(2, 3), torch.zeros(2, 2), torch.zeros(2), torch.zeros(2))
     with pytest.raises(ValueError, match=r"add: shape \[2, 4\] must equal x's \[2, 3\]"):

@@ -101,3 +101,14 @@ def test_l2_normalized_dot_shapes():
     from torchrec_ascend.modules.l2norm import l2_normalized_dot
     with pytest.raises(ValueError, match="q, x: expected two"):
         l2_normalized_dot(torch.ones(3, 4), torch.ones(3, 5))
+
+
+def test_row_kernels_refuse_mismatched_shapes():
+    from torchrec_ascend.ops import extension
+    if extension.kernel("l2_normalize_rows") is None:
+        pytest.skip("csrc extension not built")
+    with pytest.raises(ValueError, match=r"x: shape \[3, 5\] must equal q's \[3, 4\]"):
+        extension.kernel("l2_dot_rows")(torch.ones(3, 4), torch.ones(3, 5), 1e-12)
+    y, inv, clamped = extension.kernel("l2_normalize_rows")(torch.ones(3, 4), 1e-12, 1.0)
+    with pytest.raises(ValueError, match=r"dy: shape \[2, 4\] must equal y's \[3, 4\]"):
+        extension.kernel("l2_normalize_rows_bwd")(torch.ones(2, 4), y, inv, clamped, 1.0)
