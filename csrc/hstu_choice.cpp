@@ -1,7 +1,7 @@
 // Which engine runs the HSTU attention of each dtype on this CPU: measured once per process.
 //
-// fp32: avx512_fp32 or blas; bf16: amx_bf16, avx512_bf16 or "fp32" (inputs widened, the fp32
-// engine runs).  The usable candidates (hstu::engine_usable) each run one fixed problem, forward
+// fp32: avx512_fp32, avx2_fp32 or blas; bf16: amx_bf16, avx512_bf16 or "fp32" (inputs widened,
+// the fp32 engine runs).  The usable candidates (hstu::engine_usable) each run one fixed problem, forward
 // and backward, three rounds interleaved after a warm-up; the lowest median wins.  The choice
 // and the times behind it are reported (hstu_choice_report); tests and benchmarks can force one.
 #include "hstu_choice.h"
@@ -78,7 +78,7 @@ struct Probe {
     P.bucketer = &bucketer;
   }
 
-  // one forward + backward with `e` (Engine::kBlas / kAvx512F32 on fp32, the bf16 engines on bf16)
+  // one forward + backward with `e` (the fp32 engines on fp32, the bf16 engines on bf16)
   double run(Engine e) {
     const auto t0 = std::chrono::steady_clock::now();
     std::fill(gp.begin(), gp.end(), 0.0);
@@ -96,24 +96,51 @@ struct Probe {
   }
 };
 
-// candidates with their engines; the bf16 "fp32" candidate runs the fp32 choice (and widening
-// costs a little on top, which the probe does not charge: a near tie goes to it anyway)
+// Every candidate of each dtype, in the order they are tried and listed; the bf16 "fp32"
+// candidate runs the fp32 choice (and widening costs a little on top, which the probe does not
+// charge: a near tie goes to it anyway).
 struct Candidate {
   const char* name;
-  Engine engine;
+  Dtype dtype;
+  Engine engine;  // for "fp32": replaced by the fp32 choice at use
   bool widen;
 };
+constexpr Candidate kCandidates[] = {
+    {"avx512_fp32", Dtype::kFloat, Engine::kAvx512F32, false},
+    {"avx2_fp32", Dtype::kFloat, Engine::kAvx2F32, false},
+    {"blas", Dtype::kFloat, Engine::kBlas, false},
+    {"amx_bf16", Dtype::kBFloat16, Engine::kAmxBf16, false},
+    {"avx512_bf16", Dtype::kBFloat16, Engine::kAvx512Bf16, false},
+    {"fp32", Dtype::kBFloat16, Engine::kBlas, true},
+};
+
+// the candidates of `d` that run on this CPU (the widened one always does)
+std::vector<Candidate> usable(Dtype d) {
+  std::vector<Candidate> out;
+  for (const Candidate& c : kCandidates)
+    if (c.dtype == d && (c.widen || engine_usable(c.engine))) out.push_back(c);
+  return out;
+}
+
+// "float32: avx512_fp32, avx2_fp32, blas; bfloat16: amx_bf16, avx512_bf16, fp32"
+std::string all_names() {
+  std::string out;
+  for (Dtype d : {Dtype::kFloat, Dtype::kBFloat16}) {
+    out += out.empty() ? "float32: " : "; bfloat16: ";
+    bool first = true;
+    for (const Candidate& c : kCandidates)
+      if (c.dtype == d) {
+        out += (first ? "" : ", ") + std::string(c.name);
+        first = false;
+      }
+  }
+  return out;
+}
 
 Choice measure(Dtype d, const Choice* fp32) {
-  std::vector<Candidate> cands;
-  if (d == Dtype::kFloat) {
-    if (engine_usable(Engine::kAvx512F32)) cands.push_back({"avx512_fp32", Engine::kAvx512F32, false});
-    cands.push_back({"blas", Engine::kBlas, false});
-  } else {
-    if (engine_usable(Engine::kAmxBf16)) cands.push_back({"amx_bf16", Engine::kAmxBf16, false});
-    if (engine_usable(Engine::kAvx512Bf16)) cands.push_back({"avx512_bf16", Engine::kAvx512Bf16, false});
-    cands.push_back({"fp32", fp32->engine, true});
-  }
+  std::vector<Candidate> cands = usable(d);
+  for (Candidate& c : cands)
+    if (c.widen) c.engine = fp32->engine;
   Choice c;
   if (cands.size() == 1) {
     c.engine = cands[0].engine;
@@ -180,20 +207,16 @@ void force_engine(Dtype d, const std::string& name) {
     s.chosen[i] = false;
     return;
   }
+  const Candidate* found = nullptr;
+  for (const Candidate& cand : kCandidates)
+    if (cand.dtype == d && name == cand.name) found = &cand;
+  if (found == nullptr)
+    throw std::invalid_argument("hstu engine: '" + name + "' is not an engine of this dtype (" + all_names() + ")");
   Choice c;
   c.name = name;
   c.reason = "forced";
-  if (d == Dtype::kFloat && name == "avx512_fp32") c.engine = Engine::kAvx512F32;
-  else if (d == Dtype::kFloat && name == "blas") c.engine = Engine::kBlas;
-  else if (d == Dtype::kBFloat16 && name == "amx_bf16") c.engine = Engine::kAmxBf16;
-  else if (d == Dtype::kBFloat16 && name == "avx512_bf16") c.engine = Engine::kAvx512Bf16;
-  else if (d == Dtype::kBFloat16 && name == "fp32") {
-    c.engine = Engine::kBlas;  // replaced by the fp32 choice at use
-    c.widen = true;
-  } else {
-    throw std::invalid_argument("hstu engine: '" + name + "' is not an engine of this dtype (float32: avx512_fp32, "
-                                "blas; bfloat16: amx_bf16, avx512_bf16, fp32)");
-  }
+  c.engine = found->engine;
+  c.widen = found->widen;
   if (!c.widen && !engine_usable(c.engine))
     throw std::invalid_argument("hstu engine: '" + name + "' does not run on this CPU");
   s.choice[i] = c;
@@ -202,14 +225,7 @@ void force_engine(Dtype d, const std::string& name) {
 
 std::vector<std::string> usable_engines(Dtype d) {
   std::vector<std::string> out;
-  if (d == Dtype::kFloat) {
-    if (engine_usable(Engine::kAvx512F32)) out.push_back("avx512_fp32");
-    out.push_back("blas");
-  } else {
-    if (engine_usable(Engine::kAmxBf16)) out.push_back("amx_bf16");
-    if (engine_usable(Engine::kAvx512Bf16)) out.push_back("avx512_bf16");
-    out.push_back("fp32");
-  }
+  for (const Candidate& c : usable(d)) out.push_back(c.name);
   return out;
 }
 

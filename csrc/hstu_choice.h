@@ -15,7 +15,7 @@ enum class Dtype { kFloat, kBFloat16 };
 struct Choice {
   Engine engine = Engine::kBlas;  // for bf16 with widen: the fp32 choice's engine
   bool widen = false;             // bf16 inputs computed in fp32
-  std::string name;               // avx512_fp32 / blas / amx_bf16 / avx512_bf16 / fp32
+  std::string name;               // avx512_fp32 / avx2_fp32 / blas / amx_bf16 / avx512_bf16 / fp32
   std::string reason;             // the measurement (ms per candidate) or "forced"
 };
 

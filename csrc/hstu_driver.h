@@ -67,6 +67,13 @@ inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// The row stride of an fp32 B packed in whole 16-float blocks (the AVX-512 and AVX2 fp32 engines):
+// a multiple of 64 bytes but not of 128, so consecutive k rows fall in different L1 sets.
+inline int64_t padded_f32_b_ld(int64_t N) {
+  const int64_t ld = round_up(N, 16);
+  return ld % 32 == 0 ? ld + 16 : ld;
+}
+
 inline int max_threads() {
 #ifdef _OPENMP
   return omp_get_max_threads();

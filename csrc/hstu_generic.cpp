@@ -50,6 +50,7 @@ const char* engine_name(Engine e) {
     case Engine::kAvx512F32: return "avx512_fp32";
     case Engine::kAvx512Bf16: return "avx512_bf16";
     case Engine::kAmxBf16: return "amx_bf16";
+    case Engine::kAvx2F32: return "avx2_fp32";
   }
   return "?";
 }
@@ -61,6 +62,7 @@ bool engine_usable(Engine e) {
   switch (e) {
     case Engine::kBlas: return true;
     case Engine::kAvx512F32: return avx512;
+    case Engine::kAvx2F32: return isa() >= Isa::kAvx2;
     case Engine::kAvx512Bf16: return avx512 && __builtin_cpu_supports("avx512bf16");
     case Engine::kAmxBf16:
       return avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("amx-bf16") &&
@@ -182,28 +184,36 @@ struct BlasEngine {
       for (int64_t c = 0; c < rows; ++c) dst[i * ldd + c] = C[c * ldc + i] * scale;
   }
 
+  // runs (the backward's strips): each element's time bucket kept in runs->ids for table_grads
   static void bias_rows(int64_t m, int64_t w, const int64_t* lim, const T* pos, int64_t p0, const T* ts_w,
                         const Bucketer* bk, const int64_t* a, const int64_t* bv, T* out, int64_t ld,
-                        BucketRuns* /*runs*/) {
+                        BucketRuns* runs) {
     for (int64_t r = 0; r < m; ++r) {
       T* o = out + r * ld;
       const int64_t e = lim ? std::min(lim[r], w) : w;
       if (pos) std::memcpy(o, pos + (p0 - r), e * sizeof(T)); else std::fill(o, o + e, T(0));
-      if (ts_w)
-        for (int64_t c = 0; c < e; ++c) o[c] += ts_w[(*bk)(a[r] - bv[c])];
+      if (!ts_w) continue;
+      int32_t* ids = runs ? runs->ids + r * runs->ld : nullptr;
+      for (int64_t c = 0; c < e; ++c) {
+        const int64_t b = (*bk)(a[r] - bv[c]);
+        if (ids) ids[c] = static_cast<int32_t>(b);
+        o[c] += ts_w[b];
+      }
     }
   }
 
+  // dts's buckets from runs->ids where bias_rows kept them
   static void table_grads(int64_t m, int64_t w, const T* G, int64_t ld, double* dpos, int64_t p0, double* dts,
-                          const Bucketer* bk, const int64_t* a, const int64_t* bv, const BucketRuns* /*runs*/,
+                          const Bucketer* bk, const int64_t* a, const int64_t* bv, const BucketRuns* runs,
                           double scale) {
     for (int64_t r = 0; r < m; ++r) {
       const T* g = G + r * ld;
+      const int32_t* ids = runs ? runs->ids + r * runs->ld : nullptr;
       for (int64_t c = 0; c < w; ++c) {
         if (g[c] == T(0)) continue;
         const double x = static_cast<double>(g[c]) * scale;
         if (dpos) dpos[p0 + r - c] += x;
-        if (dts) dts[(*bk)(a[r] - bv[c])] += x;
+        if (dts) dts[ids ? ids[c] : (*bk)(a[r] - bv[c])] += x;
       }
     }
   }
@@ -268,6 +278,229 @@ struct BlasEngine {
   }
 };
 
+#if defined(TRASC_HSTU_X86_ENGINES)
+// ---------------------------------------------------------------------------------- AVX2 engine
+
+// fp32 on CPUs with AVX2 + FMA (and without AVX-512, where it is the fast one): the BLAS engine's
+// elementwise loops with a register-tiled FMA micro-kernel of its own for the GEMMs.  The
+// attention's GEMMs are small (32-64 rows, 32-128 columns and inner dimension): sgemm_ spends
+// much of each call packing and dispatching.  B is packed as the AVX-512 fp32 engine packs it
+// (rows a multiple of 16 floats, columns zero padded), so every tile reads and writes whole
+// 16-column blocks.
+#define TRA_HSTU_AVX2 __attribute__((target("avx2,fma")))
+
+struct F32Avx2 : BlasEngine<float> {
+  static constexpr int64_t kNPad = 16;
+  static constexpr bool kGroupHeads = true;
+
+  // a mask bound as a 32-bit lane value (column and key indices are below 2^31)
+  static int32_t lane_bound(int64_t x) {
+    return static_cast<int32_t>(x > INT32_MAX ? INT32_MAX : (x < INT32_MIN ? INT32_MIN : x));
+  }
+  // lanes [0, n) set (n clamped to [0, 8])
+  TRA_HSTU_AVX2 static __m256 ok_columns(int64_t n) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(lane_bound(n < 8 ? n : 8)), lane));
+  }
+  // alpha s + bias for 8 columns; a partial chunk (not `whole`) reads only the lanes of `ok`
+  TRA_HSTU_AVX2 static __m256 scores8(const float* s, const float* bias, __m256 alpha, bool whole, __m256i ok) {
+    const __m256 sv = whole ? _mm256_loadu_ps(s) : _mm256_maskload_ps(s, ok);
+    if (!bias) return _mm256_mul_ps(sv, alpha);
+    return _mm256_fmadd_ps(sv, alpha, whole ? _mm256_loadu_ps(bias) : _mm256_maskload_ps(bias, ok));
+  }
+  // sigmoid(z) = 1 / (1 + exp(-z)) to fp32 accuracy: exp_f32's reduction and polynomial, RCP
+  // refined by one Newton step
+  TRA_HSTU_AVX2 static __m256 sigmoid8(__m256 z) {
+    __m256 x = _mm256_sub_ps(_mm256_setzero_ps(), z);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256 scale = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+    const __m256 d = _mm256_fmadd_ps(p, scale, _mm256_set1_ps(1.0f));
+    const __m256 y = _mm256_rcp_ps(d);
+    return _mm256_mul_ps(y, _mm256_fnmadd_ps(d, y, _mm256_set1_ps(2.0f)));
+  }
+
+  static int64_t b_ld(int64_t /*K*/, int64_t N) { return padded_f32_b_ld(N); }
+  static int64_t b_size(int64_t K, int64_t N) { return K * b_ld(K, N); }
+
+  static void pack_b(const float* src, int64_t lds, int64_t K, int64_t Kp, int64_t N, float* dst, int64_t ld) {
+    for (int64_t x = 0; x < K; ++x) {
+      std::memcpy(dst + x * ld, src + x * lds, N * sizeof(float));
+      std::memset(dst + x * ld + N, 0, (ld - N) * sizeof(float));
+    }
+    if (Kp > K) std::memset(dst + K * ld, 0, (Kp - K) * ld * sizeof(float));
+  }
+  // B(k, n) = src[n lds + k] for k < K, n < N; columns [N, ld) zero
+  static void pack_bt(const float* src, int64_t lds, int64_t K, int64_t N, int64_t /*Np*/, float* dst, int64_t ld) {
+    transpose_rows(src, lds, N, K, dst, ld);
+    for (int64_t x = 0; x < K; ++x) std::memset(dst + x * ld + N, 0, (ld - N) * sizeof(float));
+  }
+  // dst[c ldd + r] = src[r lds + c], r < rows, c < cols: 8 x 8 blocks in registers (the strided
+  // scalar copy was a tenth of the backward), the edges element by element
+  TRA_HSTU_AVX2 static void transpose_rows(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst,
+                                           int64_t ldd) {
+    const int64_t r8 = rows / 8 * 8, c8 = cols / 8 * 8;
+    for (int64_t r0 = 0; r0 < r8; r0 += 8)
+      for (int64_t c0 = 0; c0 < c8; c0 += 8) transpose8x8(src + r0 * lds + c0, lds, dst + c0 * ldd + r0, ldd);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t c_from = r < r8 ? c8 : 0;
+      for (int64_t c = c_from; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
+    }
+  }
+  TRA_HSTU_AVX2 static void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd) {
+    __m256 r[8], t[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+#pragma GCC unroll 4
+    for (int i = 0; i < 8; i += 2) {
+      t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 8; i += 4) {
+      r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+      r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+      _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+  }
+
+  // C[MR rows, 8 NV columns] (+)= A B over K: MR x NV accumulators, NV loads of B and MR
+  // broadcasts of A per step of K
+  template <int MR, int NV>
+  TRA_HSTU_AVX2 static void tile(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb_, float* C,
+                                 int64_t ldc, bool accumulate) {
+    __m256 acc[MR][NV];  // from zero, C added at the end: a conditional start keeps GCC from holding
+                         // the accumulators in registers only (it stored them every step)
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
+    for (int64_t x = 0; x < K; ++x) {
+      __m256 bv[NV];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) bv[v] = _mm256_loadu_ps(B + x * ldb_ + 8 * v);
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        const __m256 a = _mm256_broadcast_ss(A + r * lda + x);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(a, bv[v], acc[r][v]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        float* c = C + r * ldc + 8 * v;
+        _mm256_storeu_ps(c, accumulate ? _mm256_add_ps(_mm256_loadu_ps(c), acc[r][v]) : acc[r][v]);
+      }
+  }
+
+  // P = valid * silu(alpha S + bias), 8 columns at a time (the loops of BlasEngine::silu_fwd)
+  TRA_HSTU_AVX2 static void silu_fwd(int64_t m, int64_t w, int64_t wp, const float* S, int64_t lds,
+                                     const float* bias, int64_t ldbias, const int64_t* full, const int64_t* self,
+                                     float alpha, float* Pm, int64_t ldp) {
+    const __m256 av = _mm256_set1_ps(alpha);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t r = 0; r < m; ++r) {
+      const float* s = S + r * lds;
+      const float* bi = bias ? bias + r * ldbias : nullptr;
+      const __m256i fullv = _mm256_set1_epi32(full ? lane_bound(full[r]) : 0);
+      const __m256i selfv = _mm256_set1_epi32(full ? lane_bound(self[r]) : 0);
+      for (int64_t c = 0; c < wp; c += 8) {
+        const __m256i col = _mm256_add_epi32(lane, _mm256_set1_epi32(static_cast<int32_t>(c)));
+        __m256i ok = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(w)), col);
+        if (full)
+          ok = _mm256_and_si256(ok, _mm256_or_si256(_mm256_cmpgt_epi32(fullv, col), _mm256_cmpeq_epi32(selfv, col)));
+        const __m256 z = scores8(s + c, bi ? bi + c : nullptr, av, c + 8 <= w, ok);
+        _mm256_storeu_ps(Pm + r * ldp + c, _mm256_and_ps(_mm256_castsi256_ps(ok), _mm256_mul_ps(z, sigmoid8(z))));
+      }
+    }
+  }
+
+  // key rows r < m (key j0 + r), query columns c < w (query i0 + c), valid when j < e[c] or
+  // i == j: PA = valid * silu(z), dSA = valid * dP silu'(z) (also into G when given); rows [m, mk)
+  // and columns [w, wp) zero (the loops of BlasEngine::silu_bwd)
+  TRA_HSTU_AVX2 static void silu_bwd(int64_t m, int64_t mk, int64_t w, int64_t wp, const float* S, const float* dP,
+                                     int64_t ld, const float* bias, int64_t ldbias, int64_t j0, int64_t i0,
+                                     const int64_t* e, float alpha, float* PA, float* dSA, int64_t lda,
+                                     float* /*dSB: = dSA*/, int64_t /*ldb*/, float* G, int64_t ldg, bool g_add) {
+    alignas(32) int32_t e32[kBwdRows];
+    for (int64_t c = 0; c < wp; ++c) e32[c] = c < w ? lane_bound(e[c]) : INT32_MIN;
+    const __m256 av = _mm256_set1_ps(alpha), one = _mm256_set1_ps(1.0f);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t r = 0; r < m; ++r) {
+      const __m256i jv = _mm256_set1_epi32(lane_bound(j0 + r));
+      const float* bi = bias ? bias + r * ldbias : nullptr;
+      for (int64_t c = 0; c < wp; c += 8) {
+        const __m256i col = _mm256_add_epi32(lane, _mm256_set1_epi32(static_cast<int32_t>(i0 + c)));
+        const __m256i ends = _mm256_load_si256(reinterpret_cast<const __m256i*>(e32 + c));
+        const __m256i seen = _mm256_or_si256(_mm256_cmpgt_epi32(ends, jv), _mm256_cmpeq_epi32(col, jv));
+        const __m256 ok = _mm256_and_ps(_mm256_castsi256_ps(seen), ok_columns(w - c));
+        const bool whole = c + 8 <= w;
+        const __m256 z = scores8(S + r * ld + c, bi ? bi + c : nullptr, av, whole, _mm256_castps_si256(ok));
+        const __m256 sg = sigmoid8(z);
+        const __m256 dp = _mm256_loadu_ps(dP + r * ld + c);
+        const __m256 p = _mm256_and_ps(ok, _mm256_mul_ps(z, sg));
+        const __m256 ds = _mm256_and_ps(ok, _mm256_mul_ps(_mm256_mul_ps(dp, sg),
+                                                          _mm256_fmadd_ps(z, _mm256_sub_ps(one, sg), one)));
+        _mm256_storeu_ps(PA + r * lda + c, p);
+        _mm256_storeu_ps(dSA + r * lda + c, ds);
+        if (G) {
+          float* g = G + r * ldg + c;
+          const __m256i cols = _mm256_castps_si256(ok_columns(w - c));
+          const __m256 gs = g_add ? _mm256_add_ps(whole ? _mm256_loadu_ps(g) : _mm256_maskload_ps(g, cols), ds) : ds;
+          if (whole) _mm256_storeu_ps(g, gs);
+          else _mm256_maskstore_ps(g, cols, gs);
+        }
+      }
+    }
+    for (int64_t r = m; r < mk; ++r) {
+      std::memset(PA + r * lda, 0, wp * sizeof(float));
+      std::memset(dSA + r * lda, 0, wp * sizeof(float));
+    }
+  }
+
+  // row-major C[M, N] (+)= A[M, K] B[K, N], N padded to 16 (whole 16-column blocks written)
+  TRA_HSTU_AVX2 static void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                                 int64_t ldb_, float* C, int64_t ldc, bool accumulate) {
+    constexpr int kMR = 6;
+    for (int64_t n0 = 0; n0 < N; n0 += 16) {
+      const float* Bn = B + n0;
+      int64_t m0 = 0;
+      for (; m0 + kMR <= M; m0 += kMR) tile<kMR, 2>(K, A + m0 * lda, lda, Bn, ldb_, C + m0 * ldc + n0, ldc, accumulate);
+      const float* At = A + m0 * lda;
+      float* Ct = C + m0 * ldc + n0;
+      switch (M - m0) {
+        case 1: tile<1, 2>(K, At, lda, Bn, ldb_, Ct, ldc, accumulate); break;
+        case 2: tile<2, 2>(K, At, lda, Bn, ldb_, Ct, ldc, accumulate); break;
+        case 3: tile<3, 2>(K, At, lda, Bn, ldb_, Ct, ldc, accumulate); break;
+        case 4: tile<4, 2>(K, At, lda, Bn, ldb_, Ct, ldc, accumulate); break;
+        case 5: tile<5, 2>(K, At, lda, Bn, ldb_, Ct, ldc, accumulate); break;
+        default: break;
+      }
+    }
+  }
+};
+#undef TRA_HSTU_AVX2
+#endif  // TRASC_HSTU_X86_ENGINES
+
 }  // namespace
 
 namespace detail {
@@ -281,6 +514,15 @@ void backward_blas(const Problem<float>& P, const float* go, const float* q, con
                    float* dq, float* dk, float* dv, double* dpos, double* dts) {
   backward_driver<BlasEngine<float>>(P, go, q, k, v, dq, dk, dv, dpos, dts);
 }
+#if defined(TRASC_HSTU_X86_ENGINES)
+void forward_avx2_f32(const Problem<float>& P, const float* q, const float* k, const float* v, float* out) {
+  forward_driver<F32Avx2>(P, q, k, v, out);
+}
+void backward_avx2_f32(const Problem<float>& P, const float* go, const float* q, const float* k, const float* v,
+                       float* dq, float* dk, float* dv, double* dpos, double* dts) {
+  backward_driver<F32Avx2>(P, go, q, k, v, dq, dk, dv, dpos, dts);
+}
+#endif
 void backward_blas(const Problem<double>& P, const double* go, const double* q, const double* k,
                    const double* v, double* dq, double* dk, double* dv, double* dpos, double* dts) {
   backward_driver<BlasEngine<double>>(P, go, q, k, v, dq, dk, dv, dpos, dts);
@@ -299,6 +541,10 @@ void forward(Engine e, const Problem<float>& P, const void* q, const void* k, co
     case Engine::kAvx512F32:
       detail::forward_avx512_f32(P, static_cast<const float*>(q), static_cast<const float*>(k),
                                  static_cast<const float*>(v), static_cast<float*>(out));
+      return;
+    case Engine::kAvx2F32:
+      detail::forward_avx2_f32(P, static_cast<const float*>(q), static_cast<const float*>(k),
+                               static_cast<const float*>(v), static_cast<float*>(out));
       return;
     case Engine::kAvx512Bf16:
     case Engine::kAmxBf16:
@@ -330,6 +576,11 @@ void backward(Engine e, const Problem<float>& P, const void* go, const void* q, 
                                   static_cast<const float*>(k), static_cast<const float*>(v),
                                   static_cast<float*>(dq), static_cast<float*>(dk), static_cast<float*>(dv), dpos,
                                   dts);
+      return;
+    case Engine::kAvx2F32:
+      detail::backward_avx2_f32(P, static_cast<const float*>(go), static_cast<const float*>(q),
+                                static_cast<const float*>(k), static_cast<const float*>(v), static_cast<float*>(dq),
+                                static_cast<float*>(dk), static_cast<float*>(dv), dpos, dts);
       return;
     case Engine::kAvx512Bf16:
     case Engine::kAmxBf16:

@@ -5,6 +5,7 @@
 // Engines (one driver, csrc/hstu_driver.h, runs them all):
 //   kBlas        fp32 / fp64 through the BLAS libtorch exports (sgemm_ / dgemm_); any CPU
 //   kAvx512F32   fp32, register-tiled AVX-512 FMA micro-kernels of our own
+//   kAvx2F32     fp32, register-tiled AVX2 FMA micro-kernels of our own (x86 CPUs with AVX2 + FMA)
 //   kAvx512Bf16  bf16 operands, fp32 accumulation, AVX512-BF16 (VDPBF16PS) register tiles
 //   kAmxBf16     bf16 operands, fp32 accumulation, AMX-BF16 tiles (TDPBF16PS)
 #pragma once
@@ -24,7 +25,7 @@ namespace hstu {
 
 using bf16_t = uint16_t;  // bfloat16 bits (c10::BFloat16's layout)
 
-enum class Engine : int { kBlas = 0, kAvx512F32 = 1, kAvx512Bf16 = 2, kAmxBf16 = 3 };
+enum class Engine : int { kBlas = 0, kAvx512F32 = 1, kAvx512Bf16 = 2, kAmxBf16 = 3, kAvx2F32 = 4 };
 
 const char* engine_name(Engine e);
 
@@ -83,7 +84,7 @@ void backward(Engine e, const Problem<float>& P, const void* go, const void* q, 
 void backward(Engine e, const Problem<double>& P, const double* go, const double* q, const double* k,
               const double* v, double* dq, double* dk, double* dv, double* dpos, double* dts);
 
-// ---- per-engine entry points (defined in hstu_generic.cpp / hstu_x86.cpp)
+// ---- per-engine entry points (defined in hstu_generic.cpp: blas, avx2_fp32; hstu_x86.cpp: the rest)
 namespace detail {
 void forward_blas(const Problem<float>& P, const float* q, const float* k, const float* v, float* out);
 void forward_blas(const Problem<double>& P, const double* q, const double* k, const double* v, double* out);
@@ -96,6 +97,9 @@ bool amx_permitted();  // asks the OS for the AMX tile state (once); true when g
 void forward_avx512_f32(const Problem<float>& P, const float* q, const float* k, const float* v, float* out);
 void backward_avx512_f32(const Problem<float>& P, const float* go, const float* q, const float* k,
                          const float* v, float* dq, float* dk, float* dv, double* dpos, double* dts);
+void forward_avx2_f32(const Problem<float>& P, const float* q, const float* k, const float* v, float* out);
+void backward_avx2_f32(const Problem<float>& P, const float* go, const float* q, const float* k, const float* v,
+                       float* dq, float* dk, float* dv, double* dpos, double* dts);
 void forward_bf16(bool amx, const Problem<float>& P, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                   bf16_t* out);
 void backward_bf16(bool amx, const Problem<float>& P, const bf16_t* go, const bf16_t* q, const bf16_t* k,

@@ -477,11 +477,7 @@ struct F32Avx512 : Avx512Tables {
   static constexpr bool kGroupHeads = false;
   struct Thread {};
 
-  // rows of B a multiple of 64 bytes but not of 128: consecutive k rows fall in different L1 sets
-  static int64_t b_ld(int64_t /*K*/, int64_t N) {
-    const int64_t ld = round_up(N, 16);
-    return ld % 32 == 0 ? ld + 16 : ld;
-  }
+  static int64_t b_ld(int64_t /*K*/, int64_t N) { return padded_f32_b_ld(N); }
   static int64_t b_size(int64_t K, int64_t N) { return K * b_ld(K, N); }
   static const float* b_block(const float* B, int64_t ld, int64_t k0, int64_t n0) { return B + k0 * ld + n0; }
 

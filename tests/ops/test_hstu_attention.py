@@ -396,6 +396,7 @@ def test_cpu_kernel_extreme_scores():
 # 0, 1 and the max and several of the kernels' blocks (forward: 32 rows, 128-row bias blocks,
 # 128-key segments; backward: 64 x 64 tiles).
 
+from torchrec_ascend import device  # noqa: E402
 from torchrec_ascend.ops import hstu_engines as hstu_ops  # noqa: E402
 
 ENGINE_CASES = [
@@ -541,16 +542,18 @@ def test_cpu_engines_write_every_element(dtype, poison, engine):
 
 @_needs_kernel
 @pytest.mark.parametrize("cap", [0, 1])
-def test_engines_below_avx512_fall_back_to_blas(cap, isa_cap, engine):
+def test_engines_below_avx512_fall_back_to_avx2_or_blas(cap, isa_cap, engine):
     """With the vector ISA capped below AVX-512 (csrc/isa.h) the AVX-512 / AMX engines do not
-    run: fp32 takes the BLAS engine, bf16 is widened to it; both still match the oracle."""
+    run: fp32 takes the AVX2 engine (cap AVX2, on a CPU with AVX2 + FMA) or BLAS (scalar cap),
+    bf16 is widened to it; both still match the oracle."""
     isa_cap(cap)
-    assert _engines(torch.float32) == ["blas"]
+    fp32 = ["avx2_fp32", "blas"] if cap == 1 and {"avx2", "fma"} <= device.cpu_flags() else ["blas"]
+    assert _engines(torch.float32) == fp32
     assert _engines(torch.bfloat16) == ["fp32"]
     hstu_ops.set_cpu_engine(torch.float32, None)
     hstu_ops.set_cpu_engine(torch.bfloat16, None)
     try:
-        assert hstu_ops.cpu_engine(torch.float32)[0] == "blas"
+        assert hstu_ops.cpu_engine(torch.float32)[0] in fp32
         assert hstu_ops.cpu_engine(torch.bfloat16)[0] == "fp32"
         args = _case([70, 1, 0, 9], max_seq_len=70, targets=True, c=1, seed=13)
         _check("cpu_kernel", args, "max_len")

@@ -25,7 +25,7 @@ def _dtype_key(dtype) -> str:
 def cpu_engine(dtype=torch.bfloat16) -> Tuple[str, str]:
     """``(engine, why)``: the micro-kernel the csrc backend runs ``dtype`` attention with on this
     CPU, chosen by the backend itself on first use by timing the candidates (``csrc/hstu_choice.cpp``)
-    -- float32: ``avx512_fp32`` or ``blas``; bfloat16: ``amx_bf16``, ``avx512_bf16`` or ``fp32``
+    -- float32: ``avx512_fp32``, ``avx2_fp32`` or ``blas``; bfloat16: ``amx_bf16``, ``avx512_bf16`` or ``fp32``
     (widened).  ``why`` gives the measured times.  ``("", "extension not built")`` without the
     extension."""
     fn = extension.kernel("hstu_engine")
