@@ -21,7 +21,7 @@ dimension cases (``J=2``/``J=3``) have rows of their own.
 
 Writes benchmarks/results/ops.json (and its table in docs/ops.md; a run limited by ``--only`` or
 ``--areas`` writes benchmarks/results/ops_partial.json instead and leaves both alone; ``--quick``
-writes benchmarks/results/ops_quick.json): per op
+writes benchmarks/results/ops_quick_<cpu kind>.json, one per kind of CPU measured): per op
 ``op``, ``ours_ms``, ``baseline`` (``fbgemm`` / ``reference``), ``baseline_ms``, ``fbgemm_ms``
 (None where the baseline is the reference), ``ratio`` (ours / baseline), ``shapes``, ``backend``,
 ``area``, ``target``, ``meets_target``.  Targets: every row ratio <= 1.0, and <= 0.2 for
@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from benchmarks.common import (RESULTS_DIR, print_table, replace_doc_section,  # noqa: E402
+from benchmarks.common import (RESULTS_DIR, cpu_kind, print_table, replace_doc_section,  # noqa: E402
                                write_json)
 from benchmarks.op_cases import Case, our_backend, ours_context  # noqa: E402
 
@@ -195,7 +195,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     # a subset is not the published table: it goes to ops_partial.json (git-ignored), so a quick
     # look at one op cannot replace the full run that docs/ops.md shows
     # the quick shapes have a file of their own: only the full run is the table of docs/ops.md
-    name = "ops_partial" if partial else ("ops_quick" if args.quick else "ops")
+    name = "ops_partial" if partial else (f"ops_quick_{cpu_kind()}" if args.quick else "ops")
     path = write_json(name, {
         "quick": args.quick,
         "torch_threads": torch.get_num_threads(),
