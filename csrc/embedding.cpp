@@ -188,45 +188,59 @@ inline void prefetch_far(const float* const* rows, int64_t i, int64_t n_ahead, i
 constexpr int64_t near_ahead(Source src) { return src == Source::kCache ? kCacheAhead : kNearAhead; }
 
 // o[0, D) += sum_i s[i] * rows[i][0, D) (s == nullptr: all 1), fp32 with AVX2/FMA: columns in
-// blocks of 64 held in eight registers across all rows of the bag (the output is read and written
+// blocks of 8 kV held in kV registers across all rows of the bag (the output is read and written
 // once per block, not once per row); the same block of a row ahead is prefetched into L1 and, in
 // the first block's pass, the whole row further ahead into L2 (see Source).  The weighted and
-// unweighted sums are separate loops (no per-row test of s).
-template <bool kWeighted, Source kSrc>
+// unweighted sums are separate loops (no per-row test of s).  Blocks of 128 columns (all sixteen
+// registers: the adds take their row operand from memory) read a D=256 row in two passes, not
+// four: quick-shape forward 1.08-1.13x -> 1.02-1.05x fbgemm's time (AMD EPYC Zen 2, AVX2; the
+// weighted sum keeps two of its sixteen sums on the stack, beside the scale's register).
+template <bool kWeighted, Source kSrc, int kV>
 __attribute__((target("avx2,fma"))) inline void pool_block_avx2(
     float* o, const float* const* rows, const float* s, int64_t n, int64_t n_ahead, int64_t d0,
     int64_t D) {
-  __m256 a[8];
-  for (int j = 0; j < 8; ++j) a[j] = _mm256_loadu_ps(o + d0 + 8 * j);
+  __m256 a[kV];
+#pragma GCC unroll 16
+  for (int j = 0; j < kV; ++j) a[j] = _mm256_loadu_ps(o + d0 + 8 * j);
   for (int64_t i = 0; i < n; ++i) {
     if (d0 == 0) prefetch_far<kSrc>(rows, i, n_ahead, D);
     const char* p = row_ahead(rows, i, near_ahead(kSrc), n_ahead, d0);
     const float* r = opaque(rows[i] + d0);
     if constexpr (kWeighted) {
       const __m256 sv = _mm256_set1_ps(s[i]);
-      for (int j = 0; j < 8; ++j) {
+#pragma GCC unroll 16
+      for (int j = 0; j < kV; ++j) {
         a[j] = _mm256_fmadd_ps(sv, _mm256_loadu_ps(r + 8 * j), a[j]);
         if (j % 2 == 0) _mm_prefetch(p + 32 * j, _MM_HINT_T0);
       }
     } else {
-      for (int j = 0; j < 8; ++j) {
+#pragma GCC unroll 16
+      for (int j = 0; j < kV; ++j) {
         a[j] = _mm256_add_ps(_mm256_loadu_ps(r + 8 * j), a[j]);
         if (j % 2 == 0) _mm_prefetch(p + 32 * j, _MM_HINT_T0);
       }
     }
   }
-  for (int j = 0; j < 8; ++j) _mm256_storeu_ps(o + d0 + 8 * j, a[j]);
+#pragma GCC unroll 16
+  for (int j = 0; j < kV; ++j) _mm256_storeu_ps(o + d0 + 8 * j, a[j]);
 }
 
 template <Source kSrc>
 __attribute__((target("avx2,fma")))
 void pool_f32_avx2(float* o, const float* const* rows, const float* s, int64_t n, int64_t n_ahead, int64_t D) {
   int64_t d0 = 0;
+  for (; d0 + 128 <= D; d0 += 128) {
+    if (s) {
+      pool_block_avx2<true, kSrc, 16>(o, rows, s, n, n_ahead, d0, D);
+    } else {
+      pool_block_avx2<false, kSrc, 16>(o, rows, s, n, n_ahead, d0, D);
+    }
+  }
   for (; d0 + 64 <= D; d0 += 64) {
     if (s) {
-      pool_block_avx2<true, kSrc>(o, rows, s, n, n_ahead, d0, D);
+      pool_block_avx2<true, kSrc, 8>(o, rows, s, n, n_ahead, d0, D);
     } else {
-      pool_block_avx2<false, kSrc>(o, rows, s, n, n_ahead, d0, D);
+      pool_block_avx2<false, kSrc, 8>(o, rows, s, n, n_ahead, d0, D);
     }
   }
   if (d0 < D) {

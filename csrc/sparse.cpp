@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -446,12 +447,14 @@ PermuteOut permute_1D_sparse_data(const at::Tensor& permute, const at::Tensor& l
 // when there is none).  Four entries per step with one combined range test: the loop does the
 // loads and stores of fbgemm's unchecked loop plus one predictable branch per four entries (one
 // test per entry measured ~5-20% slower than the unchecked loop on this random-store-bound
-// scatter).  Not inlined: inside the caller GCC reloaded n from the stack on every entry.  The
-// line of the entry kPf positions on is prefetched for writing (PREFETCHW): the stores then find
-// their lines owned, and more of them are in flight than the store buffer alone keeps
-// (invert_permute of 127k int64: 0.995x -> 0.90-0.92x fbgemm's time at a distance of 16 to 128,
-// 2-core Intel Xeon).
-template <typename index_t>
+// scatter).  Not inlined: inside the caller GCC reloaded n from the stack on every entry.  With
+// kPrefetch, the line of the entry kPf positions on is prefetched for writing (PREFETCHW): the
+// stores then find their lines owned, and more of them are in flight than the store buffer alone
+// keeps -- on some CPUs (invert_permute of 127k int64: 0.995x -> 0.90-0.92x fbgemm's time at a
+// distance of 16 to 128, 2-core Intel Xeon); on others the prefetches only cost (AMD EPYC Zen 2:
+// 0.117-0.126 ms without, 0.148-0.158 with, standalone loop; also at 16k-4M entries), so
+// prefetch_scatter_pays() measures which once.
+template <bool kPrefetch, typename index_t>
 static __attribute__((noinline)) TRASC_TARGET_PRFCHW int64_t scatter_positions(const index_t* __restrict__ s,
                                                         index_t* __restrict__ d, int64_t n) {
   using uindex_t = std::make_unsigned_t<index_t>;
@@ -470,12 +473,14 @@ static __attribute__((noinline)) TRASC_TARGET_PRFCHW int64_t scatter_positions(c
     d[a3] = static_cast<index_t>(i + 3);
     return true;
   };
-  for (; i + 4 + kPf <= n; i += 4) {  // with the prefetch of the entries kPf on
-    for (int k = 0; k < 4; ++k) {
-      const uint64_t f = static_cast<uindex_t>(s[i + kPf + k]);
-      __builtin_prefetch(d + (f < un ? f : 0), 1, 3);
+  if constexpr (kPrefetch) {
+    for (; i + 4 + kPf <= n; i += 4) {  // with the prefetch of the entries kPf on
+      for (int k = 0; k < 4; ++k) {
+        const uint64_t f = static_cast<uindex_t>(s[i + kPf + k]);
+        __builtin_prefetch(d + (f < un ? f : 0), 1, 3);
+      }
+      if (!step(i)) break;
     }
-    if (!step(i)) break;
   }
   for (; i + 4 <= n; i += 4) {
     if (!step(i)) break;
@@ -488,6 +493,36 @@ static __attribute__((noinline)) TRASC_TARGET_PRFCHW int64_t scatter_positions(c
   return i;
 }
 
+// Whether scatter_positions' prefetches pay on this CPU: both loops on a shuffled permutation of
+// 2^17 int64 entries (1 MiB out, the benchmark's size), alternately, 9 rounds after a warm-up;
+// the lower median wins.  Measured once per process (~3 ms).
+static bool prefetch_scatter_pays() {
+  static const bool pays = [] {
+    constexpr int64_t n = int64_t(1) << 17;
+    std::vector<int64_t> perm(n), out(n);
+    for (int64_t i = 0; i < n; ++i) perm[i] = i;
+    uint64_t x = 0x9E3779B97F4A7C15ull;  // xorshift: a fixed shuffle
+    for (int64_t i = n - 1; i > 0; --i) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      std::swap(perm[i], perm[static_cast<int64_t>(x % static_cast<uint64_t>(i + 1))]);
+    }
+    std::vector<double> with, without;
+    for (int round = 0; round < 10; ++round)
+      for (int k = 0; k < 2; ++k) {
+        const bool pf = (round + k) % 2 == 0;
+        const auto t0 = std::chrono::steady_clock::now();
+        if (pf) scatter_positions<true>(perm.data(), out.data(), n);
+        else scatter_positions<false>(perm.data(), out.data(), n);
+        const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (round > 0) (pf ? with : without).push_back(t);
+      }
+    std::sort(with.begin(), with.end());
+    std::sort(without.begin(), without.end());
+    return with[with.size() / 2] < without[without.size() / 2];
+  }();
+  return pays;
+}
+
 at::Tensor invert_permute(const at::Tensor& permute) {
   TORCH_CHECK_VALUE(permute.dim() == 1, "permute: expected 1-D");
   auto p = permute.expect_contiguous();
@@ -496,7 +531,8 @@ at::Tensor invert_permute(const at::Tensor& permute) {
   dispatch_index(*p, "permute", [&](auto z) {
     using index_t = decltype(z);
     const index_t* s = p->data_ptr<index_t>();
-    const int64_t bad = scatter_positions(s, out.data_ptr<index_t>(), n);
+    index_t* d = out.data_ptr<index_t>();
+    const int64_t bad = prefetch_scatter_pays() ? scatter_positions<true>(s, d, n) : scatter_positions<false>(s, d, n);
     TORCH_CHECK_VALUE(bad == n, "permute: entry ", bad, " is ",
                       bad < n ? static_cast<int64_t>(s[bad]) : 0, ", outside [0, ", n, ")");
   });
