@@ -1,6 +1,8 @@
 // The HSTU attention engines every CPU runs: BLAS GEMMs (the sgemm_ / dgemm_ that libtorch_cpu
 // exports: MKL on x86 wheels) with plain loops for the elementwise work (GCC vectorises them for
-// the AVX2 clone picked at load time).  fp32 on CPUs without AVX-512, and fp64 everywhere.
+// the AVX2 clone picked at load time), fp64 everywhere and fp32 anywhere; and on x86 CPUs with
+// AVX2 + FMA the avx2_fp32 engine (F32Avx2: those loops with FMA register tiles, SiLU and
+// transposes of its own, under per-function target attributes).
 // Also: the time bucketer, and the dispatch of forward / backward to the engines.
 #include <algorithm>
 #include <cmath>
