@@ -333,6 +333,87 @@ struct F32Avx2 : BlasEngine<float> {
     return _mm256_mul_ps(y, _mm256_fnmadd_ps(d, y, _mm256_set1_ps(2.0f)));
   }
 
+  // the time buckets of a - b[c .. c + 7] (Bucketer's exact float64 formula, floor(ln|a - b| /
+  // 0.301) clamped to [0, nb]): ln in fp32 (|a - b| converted exactly below 2^52, exponent +
+  // atanh series, |err| < 1e-6 in ln / 0.301); a lane within 2e-4 of a bucket boundary, or at
+  // 2^52 and above, is redone by the scalar bucketer
+  TRA_HSTU_AVX2 static __m256i buckets8(int64_t a, const int64_t* b, const Bucketer& bk) {
+    const __m256i av = _mm256_set1_epi64x(a), zero = _mm256_setzero_si256(), one = _mm256_set1_epi64x(1);
+    const __m256i limit = _mm256_set1_epi64x((int64_t(1) << 52) - 1);
+    const __m256i magic = _mm256_set1_epi64x(0x4330000000000000LL);  // 2^52 as a double's bits
+    const __m256d two52 = _mm256_set1_pd(4503599627370496.0);
+    __m128 half[2];
+    int far = 0;  // lanes at 2^52 and above (or |INT64_MIN|): scalar
+    for (int hh = 0; hh < 2; ++hh) {
+      const __m256i d = _mm256_sub_epi64(av, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 4 * hh)));
+      const __m256i ad = _mm256_blendv_epi8(d, _mm256_sub_epi64(zero, d), _mm256_cmpgt_epi64(zero, d));
+      const __m256i x = _mm256_blendv_epi8(ad, one, _mm256_cmpgt_epi64(one, ad));  // max(|d|, 1)
+      // |d| >= 2^52, or d = INT64_MIN (whose negation stays negative)
+      const __m256i big = _mm256_or_si256(_mm256_cmpgt_epi64(x, limit), _mm256_cmpgt_epi64(zero, ad));
+      far |= _mm256_movemask_pd(_mm256_castsi256_pd(big)) << (4 * hh);
+      const __m256d xd = _mm256_sub_pd(_mm256_castsi256_pd(_mm256_or_si256(_mm256_and_si256(x, limit), magic)), two52);
+      half[hh] = _mm256_cvtpd_ps(xd);
+    }
+    const __m256 x = _mm256_set_m128(half[1], half[0]);
+    // x = 2^e m, m in [sqrt(1/2), sqrt(2)); ln m = 2 atanh(u), u = (m - 1) / (m + 1), |u| < 0.172
+    const __m256i xi = _mm256_castps_si256(x);
+    __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(xi, 23), _mm256_set1_epi32(127));
+    __m256 m = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(xi, _mm256_set1_epi32(0x007FFFFF)),
+                                                   _mm256_set1_epi32(0x3F800000)));
+    const __m256 hi = _mm256_cmp_ps(m, _mm256_set1_ps(1.41421356f), _CMP_GT_OQ);
+    m = _mm256_blendv_ps(m, _mm256_mul_ps(m, _mm256_set1_ps(0.5f)), hi);
+    e = _mm256_sub_epi32(e, _mm256_castps_si256(hi));  // hi lanes are -1: e + 1
+    const __m256 one_f = _mm256_set1_ps(1.0f);
+    const __m256 u = _mm256_div_ps(_mm256_sub_ps(m, one_f), _mm256_add_ps(m, one_f));
+    const __m256 u2 = _mm256_mul_ps(u, u);
+    __m256 p = _mm256_fmadd_ps(u2, _mm256_set1_ps(2.0f / 9.0f), _mm256_set1_ps(2.0f / 7.0f));
+    p = _mm256_fmadd_ps(p, u2, _mm256_set1_ps(2.0f / 5.0f));
+    p = _mm256_fmadd_ps(p, u2, _mm256_set1_ps(2.0f / 3.0f));
+    p = _mm256_fmadd_ps(p, u2, _mm256_set1_ps(2.0f));
+    const __m256 ln = _mm256_fmadd_ps(_mm256_cvtepi32_ps(e), _mm256_set1_ps(0.693147180559945f), _mm256_mul_ps(p, u));
+    const __m256 q = _mm256_mul_ps(ln, _mm256_set1_ps(static_cast<float>(1.0 / Bucketer::kLogBase)));
+    const __m256 fl = _mm256_floor_ps(q);
+    const __m256 frac = _mm256_sub_ps(q, fl);
+    const __m256 near = _mm256_or_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(2e-4f), _CMP_LT_OQ),
+                                     _mm256_cmp_ps(frac, _mm256_set1_ps(1.0f - 2e-4f), _CMP_GT_OQ));
+    __m256i id = _mm256_cvttps_epi32(fl);
+    id = _mm256_min_epi32(_mm256_max_epi32(id, _mm256_setzero_si256()), _mm256_set1_epi32(static_cast<int32_t>(bk.nb)));
+    const int redo = _mm256_movemask_ps(near) | far;
+    if (redo) {
+      alignas(32) int32_t ids[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(ids), id);
+      for (int l = 0; l < 8; ++l)
+        if (redo >> l & 1) ids[l] = static_cast<int32_t>(bk(a - b[l]));
+      id = _mm256_load_si256(reinterpret_cast<const __m256i*>(ids));
+    }
+    return id;
+  }
+
+  // out(r, c) = pos[p0 - r + c] + ts_w[bucket(a[r] - b[c])] for c < lim[r] (BlasEngine::bias_rows,
+  // the buckets 8 at a time; runs: the buckets kept for table_grads)
+  TRA_HSTU_AVX2 static void bias_rows(int64_t m, int64_t w, const int64_t* lim, const float* pos, int64_t p0,
+                                      const float* ts_w, const Bucketer* bk, const int64_t* a, const int64_t* bv,
+                                      float* out, int64_t ld, BucketRuns* runs) {
+    for (int64_t r = 0; r < m; ++r) {
+      float* o = out + r * ld;
+      const int64_t e = lim ? std::min(lim[r], w) : w;
+      if (pos) std::memcpy(o, pos + (p0 - r), e * sizeof(float)); else std::fill(o, o + e, 0.0f);
+      if (!ts_w) continue;
+      int32_t* ids = runs ? runs->ids + r * runs->ld : nullptr;
+      int64_t c = 0;
+      for (; c + 8 <= e; c += 8) {
+        const __m256i id = buckets8(a[r], bv + c, *bk);
+        if (ids) _mm256_storeu_si256(reinterpret_cast<__m256i*>(ids + c), id);
+        _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_loadu_ps(o + c), _mm256_i32gather_ps(ts_w, id, 4)));
+      }
+      for (; c < e; ++c) {
+        const int64_t b = (*bk)(a[r] - bv[c]);
+        if (ids) ids[c] = static_cast<int32_t>(b);
+        o[c] += ts_w[b];
+      }
+    }
+  }
+
   static int64_t b_ld(int64_t /*K*/, int64_t N) { return padded_f32_b_ld(N); }
   static int64_t b_size(int64_t K, int64_t N) { return K * b_ld(K, N); }
 
@@ -482,11 +563,18 @@ struct F32Avx2 : BlasEngine<float> {
   // row-major C[M, N] (+)= A[M, K] B[K, N], N padded to 16 (whole 16-column blocks written)
   TRA_HSTU_AVX2 static void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                                  int64_t ldb_, float* C, int64_t ldc, bool accumulate) {
-    constexpr int kMR = 6;
+    // rows in tiles of 6 and 5 (12 and 10 accumulators: enough independent FMAs to cover their
+    // latency) wherever M allows, the 32 / 64 rows of the driver's blocks included; a smaller
+    // remainder tile would wait on its few accumulators
+    int64_t fives = (6 - M % 6) % 6;
+    if (5 * fives > M) fives = 0;
+    const int64_t m6 = M - 5 * fives;
     for (int64_t n0 = 0; n0 < N; n0 += 16) {
       const float* Bn = B + n0;
       int64_t m0 = 0;
-      for (; m0 + kMR <= M; m0 += kMR) tile<kMR, 2>(K, A + m0 * lda, lda, Bn, ldb_, C + m0 * ldc + n0, ldc, accumulate);
+      for (; m0 + 6 <= m6; m0 += 6) tile<6, 2>(K, A + m0 * lda, lda, Bn, ldb_, C + m0 * ldc + n0, ldc, accumulate);
+      for (int64_t f = 0; f < fives; ++f, m0 += 5)  // m6 is a multiple of 6: these end at M
+        tile<5, 2>(K, A + m0 * lda, lda, Bn, ldb_, C + m0 * ldc + n0, ldc, accumulate);
       const float* At = A + m0 * lda;
       float* Ct = C + m0 * ldc + n0;
       switch (M - m0) {
