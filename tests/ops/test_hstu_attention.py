@@ -495,6 +495,38 @@ def test_cpu_engines_at_the_papers_head_dim(dtype, engine, threads):
             _check_bf16(args, "max_len")
 
 
+def _bucket_threshold(k: int) -> int:
+    """The smallest x >= 1 whose time bucket (before the clamp) is at least k."""
+    x = max(1, math.ceil(math.exp(0.301 * k)))
+    while x > 1 and math.floor(math.log(x - 1) / 0.301) >= k:
+        x -= 1
+    while math.floor(math.log(x) / 0.301) < k:
+        x += 1
+    return x
+
+
+@_needs_kernel
+@pytest.mark.parametrize("name", _engines(torch.float32))
+def test_cpu_float32_engines_time_buckets_across_the_int64_range(name, engine):
+    """129 time buckets (the paper's table): gaps at every other bucket boundary and one below it
+    (the vector engines compute the bucket's log in fp32 and must redo lanes near a boundary),
+    and gaps from 2^52 (past a double's exact integers) to 2^62 (past the last bucket), in random
+    order; the float64 oracle buckets each gap exactly."""
+    g = torch.Generator().manual_seed(77)
+    edges = [_bucket_threshold(k) for k in range(2, 129, 7)]
+    first = [0] + edges + [x - 1 for x in edges]  # gaps x - 0 on and just below the boundaries
+    wide = (torch.rand(40, generator=g, dtype=torch.float64) * 10 + 52).exp2()
+    wide = [int(v) * (1 if i % 2 else -1) for i, v in enumerate(wide.tolist())]
+    lengths = [len(first), len(wide)]
+    args = _case(lengths, H=2, dqk=16, dv=8, max_seq_len=max(lengths), seed=78)
+    args["ts_w"] = torch.randn(129, generator=g) * 0.5
+    ts = torch.tensor(first + wide, dtype=torch.int64)
+    perm = torch.cat([torch.randperm(len(first), generator=g), len(first) + torch.randperm(len(wide), generator=g)])
+    args["timestamps"] = ts[perm]
+    engine(torch.float32, name)
+    _check("cpu_kernel", args, "max_len")
+
+
 @_needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("lengths", [[150, 150, 150, 150], [400, 30, 0, 20, 1]],
