@@ -44,6 +44,8 @@
 //   Thread                          RAII per-thread state (AMX: the tile configuration)
 //   kGroupHeads                     backward tasks take a group of a sequence's heads (sharing
 //                                   the bias strips) or one head each (heads_per_task)
+//   kTasksPerThread                 (kGroupHeads engines) with several threads a group is at most
+//                                   1 / (kTasksPerThread x threads) of the backward's work
 #pragma once
 
 #include <cmath>
@@ -402,9 +404,9 @@ void forward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t*
 // ============================================================================ backward
 
 // Heads per backward task of a sequence of n keys: all H on one thread; with several threads the
-// largest divisor of H whose task stays under `cap` (about 1 / (4 threads) of the work, as
-// row_tasks caps the forward's), at least 1: long sequences split by head, short ones keep their
-// heads together.
+// largest divisor of H whose task stays under `cap` (about 1 / (kTasksPerThread x threads) of the
+// work: the engine's, 4 as row_tasks caps the forward's or fewer), at least 1: long sequences split
+// by head, short ones keep their heads together.
 inline int64_t heads_per_task(int64_t n, int64_t H, double cap) {
   const double cost = static_cast<double>(n) * static_cast<double>(n);
   for (int64_t d = H; d > 1; --d)
@@ -441,7 +443,10 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
   // the tasks would not balance over the threads
   double total = 0;
   for (int64_t b = 0; b < P.B; ++b) total += static_cast<double>(P.len(b)) * static_cast<double>(P.len(b) * H);
-  const double cap = nthreads > 1 ? total / (4.0 * nthreads) : total + 1;
+  double cap = total + 1;
+  if constexpr (E::kGroupHeads) {
+    if (nthreads > 1) cap = total / (E::kTasksPerThread * nthreads);
+  }
   Scratch<int64_t> hg_buf;
   int64_t* hgs = hg_buf.get(P.B);
   int64_t ntask = 0;

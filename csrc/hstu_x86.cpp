@@ -627,6 +627,7 @@ struct Bf16Common : Avx512Tables {
   static constexpr bool kBSeparate = true;
   // backward tasks take a group of heads (the bias strips were ~40% of the bf16 backward)
   static constexpr bool kGroupHeads = true;
+  static constexpr double kTasksPerThread = 4.0;
 
   // 16 lanes of the tables' gradient strip: dS written (the first head of a task) or added (the others)
   static void store_g(float* g, __mmask16 live, __m512 ds, bool add) {
