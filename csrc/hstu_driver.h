@@ -76,6 +76,17 @@ inline int64_t padded_f32_b_ld(int64_t N) {
   return ld % 32 == 0 ? ld + 16 : ld;
 }
 
+// B(k, n) = src[k lds + n] (k < K, n < N) into that layout, row stride ld: columns [N, ld) and
+// rows [K, Kp) zero
+inline void pack_f32_b_padded(const float* src, int64_t lds, int64_t K, int64_t Kp, int64_t N, float* dst,
+                              int64_t ld) {
+  for (int64_t x = 0; x < K; ++x) {
+    std::memcpy(dst + x * ld, src + x * lds, N * sizeof(float));
+    std::memset(dst + x * ld + N, 0, (ld - N) * sizeof(float));
+  }
+  if (Kp > K) std::memset(dst + K * ld, 0, (Kp - K) * ld * sizeof(float));
+}
+
 inline int max_threads() {
 #ifdef _OPENMP
   return omp_get_max_threads();

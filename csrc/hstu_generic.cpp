@@ -314,21 +314,18 @@ struct F32Avx2 : BlasEngine<float> {
     if (!bias) return _mm256_mul_ps(sv, alpha);
     return _mm256_fmadd_ps(sv, alpha, whole ? _mm256_loadu_ps(bias) : _mm256_maskload_ps(bias, ok));
   }
-  // sigmoid(z) = 1 / (1 + exp(-z)) to fp32 accuracy: exp_f32's reduction and polynomial, RCP
-  // refined by one Newton step
+  // sigmoid(z) = 1 / (1 + exp(-z)) to fp32 accuracy: exp_f32's reduction and polynomial
+  // (hstu_math.h), RCP refined by one Newton step
   TRA_HSTU_AVX2 static __m256 sigmoid8(__m256 z) {
     __m256 x = _mm256_sub_ps(_mm256_setzero_ps(), z);
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(87.0f));
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kExpLn2Hi), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kExpLn2Lo), r);
+    __m256 p = _mm256_set1_ps(kExpPoly[0]);
+#pragma GCC unroll 6
+    for (int k = 1; k < 6; ++k) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[k]));
     p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     const __m256 scale = _mm256_castsi256_ps(
         _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
@@ -422,11 +419,7 @@ struct F32Avx2 : BlasEngine<float> {
   static int64_t b_size(int64_t K, int64_t N) { return K * b_ld(K, N); }
 
   static void pack_b(const float* src, int64_t lds, int64_t K, int64_t Kp, int64_t N, float* dst, int64_t ld) {
-    for (int64_t x = 0; x < K; ++x) {
-      std::memcpy(dst + x * ld, src + x * lds, N * sizeof(float));
-      std::memset(dst + x * ld + N, 0, (ld - N) * sizeof(float));
-    }
-    if (Kp > K) std::memset(dst + K * ld, 0, (Kp - K) * ld * sizeof(float));
+    pack_f32_b_padded(src, lds, K, Kp, N, dst, ld);
   }
   // B(k, n) = src[n lds + k] for k < K, n < N; columns [N, ld) zero
   static void pack_bt(const float* src, int64_t lds, int64_t K, int64_t N, int64_t /*Np*/, float* dst, int64_t ld) {

@@ -482,11 +482,7 @@ struct F32Avx512 : Avx512Tables {
   static const float* b_block(const float* B, int64_t ld, int64_t k0, int64_t n0) { return B + k0 * ld + n0; }
 
   static void pack_b(const float* src, int64_t lds, int64_t K, int64_t Kp, int64_t N, float* dst, int64_t ld) {
-    for (int64_t x = 0; x < K; ++x) {
-      std::memcpy(dst + x * ld, src + x * lds, N * sizeof(float));
-      std::memset(dst + x * ld + N, 0, (ld - N) * sizeof(float));
-    }
-    if (Kp > K) std::memset(dst + K * ld, 0, (Kp - K) * ld * sizeof(float));
+    pack_f32_b_padded(src, lds, K, Kp, N, dst, ld);
   }
   // dst[k ld + n] = src[n lds + k] by 16 x 16 blocks; columns [round_up(N, 16), ld) zero
   static void pack_bt(const float* src, int64_t lds, int64_t K, int64_t N, int64_t /*Np*/, float* dst, int64_t ld) {
