@@ -225,24 +225,25 @@ __attribute__((target("avx2,fma"))) inline void pool_block_avx2(
   for (int j = 0; j < kV; ++j) _mm256_storeu_ps(o + d0 + 8 * j, a[j]);
 }
 
+// The blocks of 8 kV columns from d0 on while whole ones fit D (d0 is left after the last).
+template <Source kSrc, int kV>
+__attribute__((target("avx2,fma"))) inline void pool_blocks_avx2(float* o, const float* const* rows, const float* s,
+                                                                 int64_t n, int64_t n_ahead, int64_t& d0, int64_t D) {
+  for (; d0 + 8 * kV <= D; d0 += 8 * kV) {
+    if (s) {
+      pool_block_avx2<true, kSrc, kV>(o, rows, s, n, n_ahead, d0, D);
+    } else {
+      pool_block_avx2<false, kSrc, kV>(o, rows, s, n, n_ahead, d0, D);
+    }
+  }
+}
+
 template <Source kSrc>
 __attribute__((target("avx2,fma")))
 void pool_f32_avx2(float* o, const float* const* rows, const float* s, int64_t n, int64_t n_ahead, int64_t D) {
   int64_t d0 = 0;
-  for (; d0 + 128 <= D; d0 += 128) {
-    if (s) {
-      pool_block_avx2<true, kSrc, 16>(o, rows, s, n, n_ahead, d0, D);
-    } else {
-      pool_block_avx2<false, kSrc, 16>(o, rows, s, n, n_ahead, d0, D);
-    }
-  }
-  for (; d0 + 64 <= D; d0 += 64) {
-    if (s) {
-      pool_block_avx2<true, kSrc, 8>(o, rows, s, n, n_ahead, d0, D);
-    } else {
-      pool_block_avx2<false, kSrc, 8>(o, rows, s, n, n_ahead, d0, D);
-    }
-  }
+  pool_blocks_avx2<kSrc, 16>(o, rows, s, n, n_ahead, d0, D);
+  pool_blocks_avx2<kSrc, 8>(o, rows, s, n, n_ahead, d0, D);
   if (d0 < D) {
     for (int64_t i = 0; i < n; ++i) {
       const float f = s ? s[i] : 1.0f;

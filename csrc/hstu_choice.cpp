@@ -7,7 +7,6 @@
 #include "hstu_choice.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -16,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "interleaved_timing.h"
 #include "isa.h"
 
 namespace torchrec_ascend {
@@ -79,8 +79,7 @@ struct Probe {
   }
 
   // one forward + backward with `e` (the fp32 engines on fp32, the bf16 engines on bf16)
-  double run(Engine e) {
-    const auto t0 = std::chrono::steady_clock::now();
+  void run(Engine e) {
     std::fill(gp.begin(), gp.end(), 0.0);
     std::fill(gt.begin(), gt.end(), 0.0);
     if (e == Engine::kAmxBf16 || e == Engine::kAvx512Bf16) {
@@ -92,7 +91,6 @@ struct Probe {
       backward(e, P, f32[3].data(), f32[0].data(), f32[1].data(), f32[2].data(), dq.data(), dk.data(), dv.data(),
                gp.data(), gt.data());
     }
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 };
 
@@ -150,21 +148,9 @@ Choice measure(Dtype d, const Choice* fp32) {
     return c;
   }
   Probe probe;
-  std::vector<std::vector<double>> times(cands.size());
-  for (int round = 0; round < 4; ++round) {  // round 0 warms up
-    for (size_t x = 0; x < cands.size(); ++x) {
-      const size_t i = round % 2 ? cands.size() - 1 - x : x;
-      const double t = probe.run(cands[i].engine);
-      if (round > 0) times[i].push_back(t);
-    }
-  }
-  size_t best = 0;
-  std::vector<double> med(cands.size());
-  for (size_t i = 0; i < cands.size(); ++i) {
-    std::sort(times[i].begin(), times[i].end());
-    med[i] = times[i][times[i].size() / 2];
-    if (med[i] < med[best]) best = i;
-  }
+  const std::vector<double> med =
+      interleaved_median_seconds(cands.size(), 3, [&](size_t i) { probe.run(cands[i].engine); });
+  const size_t best = index_of_min(med);
   c.engine = cands[best].engine;
   c.widen = cands[best].widen;
   c.name = cands[best].name;

@@ -194,13 +194,16 @@ struct BlasEngine {
       T* o = out + r * ld;
       const int64_t e = lim ? std::min(lim[r], w) : w;
       if (pos) std::memcpy(o, pos + (p0 - r), e * sizeof(T)); else std::fill(o, o + e, T(0));
-      if (!ts_w) continue;
-      int32_t* ids = runs ? runs->ids + r * runs->ld : nullptr;
-      for (int64_t c = 0; c < e; ++c) {
-        const int64_t b = (*bk)(a[r] - bv[c]);
-        if (ids) ids[c] = static_cast<int32_t>(b);
-        o[c] += ts_w[b];
-      }
+      if (ts_w) add_time_bias(o, runs ? runs->ids + r * runs->ld : nullptr, a[r], bv, 0, e, ts_w, *bk);
+    }
+  }
+  // o[c] += ts_w[bucket(a - b[c])] for c in [c0, e), the buckets also into ids (when given)
+  static void add_time_bias(T* o, int32_t* ids, int64_t a, const int64_t* b, int64_t c0, int64_t e, const T* ts_w,
+                            const Bucketer& bk) {
+    for (int64_t c = c0; c < e; ++c) {
+      const int64_t id = bk(a - b[c]);
+      if (ids) ids[c] = static_cast<int32_t>(id);
+      o[c] += ts_w[id];
     }
   }
 
@@ -407,11 +410,7 @@ struct F32Avx2 : BlasEngine<float> {
         if (ids) _mm256_storeu_si256(reinterpret_cast<__m256i*>(ids + c), id);
         _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_loadu_ps(o + c), _mm256_i32gather_ps(ts_w, id, 4)));
       }
-      for (; c < e; ++c) {
-        const int64_t b = (*bk)(a[r] - bv[c]);
-        if (ids) ids[c] = static_cast<int32_t>(b);
-        o[c] += ts_w[b];
-      }
+      add_time_bias(o, ids, a[r], bv, c, e, ts_w, *bk);
     }
   }
 
@@ -505,7 +504,7 @@ struct F32Avx2 : BlasEngine<float> {
       const __m256i selfv = _mm256_set1_epi32(full ? lane_bound(self[r]) : 0);
       for (int64_t c = 0; c < wp; c += 8) {
         const __m256i col = _mm256_add_epi32(lane, _mm256_set1_epi32(static_cast<int32_t>(c)));
-        __m256i ok = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(w)), col);
+        __m256i ok = _mm256_castps_si256(ok_columns(w - c));
         if (full)
           ok = _mm256_and_si256(ok, _mm256_or_si256(_mm256_cmpgt_epi32(fullv, col), _mm256_cmpeq_epi32(selfv, col)));
         const __m256 z = scores8(s + c, bi ? bi + c : nullptr, av, c + 8 <= w, ok);
@@ -532,7 +531,8 @@ struct F32Avx2 : BlasEngine<float> {
         const __m256i col = _mm256_add_epi32(lane, _mm256_set1_epi32(static_cast<int32_t>(i0 + c)));
         const __m256i ends = _mm256_load_si256(reinterpret_cast<const __m256i*>(e32 + c));
         const __m256i seen = _mm256_or_si256(_mm256_cmpgt_epi32(ends, jv), _mm256_cmpeq_epi32(col, jv));
-        const __m256 ok = _mm256_and_ps(_mm256_castsi256_ps(seen), ok_columns(w - c));
+        const __m256 live = ok_columns(w - c);
+        const __m256 ok = _mm256_and_ps(_mm256_castsi256_ps(seen), live);
         const bool whole = c + 8 <= w;
         const __m256 z = scores8(S + r * ld + c, bi ? bi + c : nullptr, av, whole, _mm256_castps_si256(ok));
         const __m256 sg = sigmoid8(z);
@@ -544,7 +544,7 @@ struct F32Avx2 : BlasEngine<float> {
         _mm256_storeu_ps(dSA + r * lda + c, ds);
         if (G) {
           float* g = G + r * ldg + c;
-          const __m256i cols = _mm256_castps_si256(ok_columns(w - c));
+          const __m256i cols = _mm256_castps_si256(live);
           const __m256 gs = g_add ? _mm256_add_ps(whole ? _mm256_loadu_ps(g) : _mm256_maskload_ps(g, cols), ds) : ds;
           if (whole) _mm256_storeu_ps(g, gs);
           else _mm256_maskstore_ps(g, cols, gs);
@@ -579,8 +579,7 @@ struct F32Avx2 : BlasEngine<float> {
         case 2: tile<2, 2>(K, At, lda, Bn, ldb_, Ct, ldc, accumulate); break;
         case 3: tile<3, 2>(K, At, lda, Bn, ldb_, Ct, ldc, accumulate); break;
         case 4: tile<4, 2>(K, At, lda, Bn, ldb_, Ct, ldc, accumulate); break;
-        case 5: tile<5, 2>(K, At, lda, Bn, ldb_, Ct, ldc, accumulate); break;
-        default: break;
+        default: break;  // 0 (a remainder of 5 is one of the fives: M % 6 == 5 gives fives == 1)
       }
     }
   }

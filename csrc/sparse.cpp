@@ -19,11 +19,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstring>
 #include <vector>
 
 #include "direct.h"
+#include "interleaved_timing.h"
 #include "isa.h"
 #include "parallel.h"
 #include "torchrec_ascend.h"
@@ -494,8 +494,8 @@ static __attribute__((noinline)) TRASC_TARGET_PRFCHW int64_t scatter_positions(c
 }
 
 // Whether scatter_positions' prefetches pay on this CPU: both loops on a shuffled permutation of
-// 2^17 int64 entries (1 MiB out, the benchmark's size), alternately, 9 rounds after a warm-up;
-// the lower median wins.  Measured once per process (~3 ms).
+// 2^17 int64 entries (1 MiB out, the benchmark's size), 9 interleaved rounds after a warm-up
+// (interleaved_timing.h); the lower median wins.  Measured once per process (~3 ms).
 static bool prefetch_scatter_pays() {
   static const bool pays = [] {
     constexpr int64_t n = int64_t(1) << 17;
@@ -506,19 +506,11 @@ static bool prefetch_scatter_pays() {
       x ^= x << 13, x ^= x >> 7, x ^= x << 17;
       std::swap(perm[i], perm[static_cast<int64_t>(x % static_cast<uint64_t>(i + 1))]);
     }
-    std::vector<double> with, without;
-    for (int round = 0; round < 10; ++round)
-      for (int k = 0; k < 2; ++k) {
-        const bool pf = (round + k) % 2 == 0;
-        const auto t0 = std::chrono::steady_clock::now();
-        if (pf) scatter_positions<true>(perm.data(), out.data(), n);
-        else scatter_positions<false>(perm.data(), out.data(), n);
-        const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (round > 0) (pf ? with : without).push_back(t);
-      }
-    std::sort(with.begin(), with.end());
-    std::sort(without.begin(), without.end());
-    return with[with.size() / 2] < without[without.size() / 2];
+    const std::vector<double> med = interleaved_median_seconds(2, 9, [&](size_t i) {
+      if (i == 0) scatter_positions<true>(perm.data(), out.data(), n);
+      else scatter_positions<false>(perm.data(), out.data(), n);
+    });
+    return med[0] < med[1];
   }();
   return pays;
 }
