@@ -15,13 +15,14 @@
 // segments are software-pipelined: segment s's SiLU rows are interleaved with the GEMM pieces
 // of S for segment s + 1 and of O += P V for segment s - 1 (the matrix unit and the vector
 // units work at once; the sums are the same, in the same order).
-// Backward: tasks (sequence, group of its heads: all on one thread, heads_per_task; engines
-// without kGroupHeads one head per task); key blocks
-// of kBwdKeys outside, the group's heads, then query blocks of kBwdRows inside, in the key
-// orientation: S^T = K Q^T, dP^T = V dO^T, then P^T, dS^T; dV += P^T dO and dK += dS^T Q stay in
-// the block's accumulators, dQ^T += K^T dS^T accumulates over the key blocks.  A key block's bias
-// strip is computed once for the group's heads, and their dS summed into one strip whose tables'
-// gradients go (one pass) to per-thread float64 accumulators, reduced at the end.
+// Backward: tasks (sequence, its heads (engines without kGroupHeads: one head), range of key
+// blocks: a long sequence is cut so the tasks balance over the threads); key blocks of kBwdKeys
+// outside, the heads, then query blocks of kBwdRows inside, in the key orientation: S^T = K Q^T,
+// dP^T = V dO^T, then P^T, dS^T; dV += P^T dO and dK += dS^T Q stay in the block's accumulators,
+// dQ^T += K^T dS^T accumulates over the key blocks (a cut sequence's tasks each into a partial,
+// added up at the end).  A key block's bias strip is computed once for the task's heads, and their
+// dS summed into one strip whose tables' gradients go (one pass) to per-thread float64
+// accumulators, reduced at the end.
 //
 // An engine E provides:
 //   in_t, acc_t                     GEMM operand type, accumulation / elementwise type
@@ -42,10 +43,10 @@
 //                                   dpos[p0 + r - c] += scale G(r, c), dts[bucket(a[r] - b[c])] += ...
 //   store_rows, store_transposed, transpose_rows   accumulators out (scaled), operand copies
 //   Thread                          RAII per-thread state (AMX: the tile configuration)
-//   kGroupHeads                     backward tasks take a group of a sequence's heads (sharing
-//                                   the bias strips) or one head each (heads_per_task)
-//   kTasksPerThread                 (kGroupHeads engines) with several threads a group is at most
-//                                   1 / (kTasksPerThread x threads) of the backward's work
+//   kGroupHeads                     backward tasks take all of a sequence's heads (sharing the
+//                                   bias strips) or one head each
+//   kTasksPerThread                 with several threads a backward task is at most about
+//                                   1 / (kTasksPerThread x threads) of the work
 #pragma once
 
 #include <cmath>
@@ -171,57 +172,36 @@ constexpr int64_t kFwdRows = 32, kFwdKeys = 128;
 constexpr int64_t kFwdBlock = 128;  // forward rows sharing one bias (all heads)
 constexpr int64_t kBwdRows = 64, kBwdKeys = 64;
 
-// (sequence, first row) tasks, most work first (dynamic scheduling balances the heavy tail)
-struct Task {
-  int64_t b, i0, cost;
-};
-
-// heap sort by cost, descending (no <algorithm>: see Scratch)
-inline void sort_tasks_desc(Task* t, int64_t n) {
-  auto sift = [&](int64_t root, int64_t end) {
-    while (true) {
-      int64_t child = 2 * root + 1;
-      if (child >= end) return;
-      if (child + 1 < end && t[child + 1].cost < t[child].cost) ++child;  // min-heap -> descending
-      if (t[child].cost < t[root].cost) {
-        Task tmp = t[root]; t[root] = t[child]; t[child] = tmp;
-        root = child;
-      } else {
-        return;
-      }
-    }
-  };
-  for (int64_t i = n / 2 - 1; i >= 0; --i) sift(i, n);
-  for (int64_t end = n - 1; end > 0; --end) {
-    Task tmp = t[0]; t[0] = t[end]; t[end] = tmp;
-    sift(0, end);
-  }
-}
-
 inline double norm_of(int64_t n, int64_t max_seq_len, bool by_len) {
   return static_cast<double>(by_len ? imax(n, 1) : max_seq_len);
 }
 
-// ============================================================================ forward
+// ============================================================================ tasks
 
-// Rows [r0, r1) of sequence b (h: the head, for tasks that have one).
+// Rows [r0, r1) of sequence b (h: the head, for tasks that have one): query rows in the forward,
+// keys in the backward.  split / part: a backward task of a sequence cut into several key ranges
+// (the index of its dQ^T partial set and its part in it; -1: the task writes dQ itself).
 struct RowTask {
   int64_t b, h, r0, r1, cost;
+  int64_t split = -1, part = 0;
 };
 
+// What a row costs: the keys a query row sees (i + 1), or the queries that see a key (n - j).
+enum class RowCost { kQueries, kKeys };
+
 // Tasks over rows of the sequences (and, with `per_head`, of each head), a long sequence cut into
-// row ranges (multiples of `step` rows) so that no task holds more than about 1 / (4 threads) of
-// the work: dynamic scheduling then balances the heavy tail; most work first.  The cost of a row
-// ~ the keys it sees (i + 1).
-inline int64_t row_tasks(const int64_t* off, int64_t B, int64_t H, bool per_head, int64_t step, int nthreads,
-                         Scratch<RowTask>& buf, RowTask*& out) {
+// row ranges (multiples of `step` rows) so that no task holds more than about
+// 1 / (tasks_per_thread x threads) of the work: dynamic scheduling then balances the heavy tail.
+// In order of sequence, head, rows (sort_by_cost_desc orders them for the schedule).
+inline int64_t row_tasks(const int64_t* off, int64_t B, int64_t H, bool per_head, int64_t step, RowCost kind,
+                         double tasks_per_thread, int nthreads, Scratch<RowTask>& buf, RowTask*& out) {
   const int64_t hs = per_head ? H : 1;
   double total = 0;
   for (int64_t b = 0; b < B; ++b) {
     const double n = static_cast<double>(off[b + 1] - off[b]);
     total += n * (n + 1) / 2 * static_cast<double>(hs);
   }
-  const double cap = nthreads > 1 ? total / (4.0 * nthreads) : total + 1;
+  const double cap = nthreads > 1 ? total / (tasks_per_thread * nthreads) : total + 1;
   int64_t count = 0;
   for (int pass = 0; pass < 2; ++pass) {
     count = 0;
@@ -234,7 +214,8 @@ inline int64_t row_tasks(const int64_t* off, int64_t B, int64_t H, bool per_head
           int64_t r1 = r0;
           double c = 0;
           while (r1 < n) {
-            const double add = static_cast<double>(imin(r1 + step, n) - r1) * static_cast<double>(r1 + 1);
+            const double per_row = static_cast<double>(kind == RowCost::kQueries ? r1 + 1 : n - r1);
+            const double add = static_cast<double>(imin(r1 + step, n) - r1) * per_row;
             if (r1 > r0 && c + add > cap) break;
             c += add;
             r1 = imin(r1 + step, n);
@@ -247,27 +228,35 @@ inline int64_t row_tasks(const int64_t* off, int64_t B, int64_t H, bool per_head
     }
     if (pass == 0) out = buf.get(count);
   }
-  // most work first (heap sort, descending)
+  return count;
+}
+
+// most work first (heap sort, descending; no <algorithm>: see Scratch)
+inline void sort_by_cost_desc(RowTask* t, int64_t n) {
   auto sift = [&](int64_t root, int64_t end) {
     while (true) {
       int64_t child = 2 * root + 1;
       if (child >= end) return;
-      if (child + 1 < end && out[child + 1].cost < out[child].cost) ++child;
-      if (out[child].cost < out[root].cost) {
-        RowTask tmp = out[root]; out[root] = out[child]; out[child] = tmp;
+      if (child + 1 < end && t[child + 1].cost < t[child].cost) ++child;  // min-heap -> descending
+      if (t[child].cost < t[root].cost) {
+        RowTask tmp = t[root]; t[root] = t[child]; t[child] = tmp;
         root = child;
       } else {
         return;
       }
     }
   };
-  for (int64_t i = count / 2 - 1; i >= 0; --i) sift(i, count);
-  for (int64_t e = count - 1; e > 0; --e) {
-    RowTask tmp = out[0]; out[0] = out[e]; out[e] = tmp;
+  for (int64_t i = n / 2 - 1; i >= 0; --i) sift(i, n);
+  for (int64_t e = n - 1; e > 0; --e) {
+    RowTask tmp = t[0]; t[0] = t[e]; t[e] = tmp;
     sift(0, e);
   }
-  return count;
 }
+
+// ============================================================================ forward
+
+// The forward's row tasks: at most about 1 / (kFwdTasksPerThread x threads) of the work each
+constexpr double kFwdTasksPerThread = 4.0;
 
 template <class E>
 void forward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t* q,
@@ -280,7 +269,9 @@ void forward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t*
   const int nthreads = max_threads();
   Scratch<RowTask> task_buf;
   RowTask* tasks = nullptr;
-  const int64_t ntask = row_tasks(P.off, P.B, H, false, kFwdBlock, nthreads, task_buf, tasks);
+  const int64_t ntask =
+      row_tasks(P.off, P.B, H, false, kFwdBlock, RowCost::kQueries, kFwdTasksPerThread, nthreads, task_buf, tasks);
+  sort_by_cost_desc(tasks, ntask);
   int64_t nmax = 0;
   for (int64_t b = 0; b < P.B; ++b) nmax = imax(nmax, P.len(b));
   const int64_t npmax = round_up(imax(nmax, 1), keyPad);
@@ -414,16 +405,14 @@ void forward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t*
 
 // ============================================================================ backward
 
-// Heads per backward task of a sequence of n keys: all H on one thread; with several threads the
-// largest divisor of H whose task stays under `cap` (about 1 / (kTasksPerThread x threads) of the
-// work: the engine's, 4 as row_tasks caps the forward's or fewer), at least 1: long sequences split
-// by head, short ones keep their heads together.
-inline int64_t heads_per_task(int64_t n, int64_t H, double cap) {
-  const double cost = static_cast<double>(n) * static_cast<double>(n);
-  for (int64_t d = H; d > 1; --d)
-    if (H % d == 0 && cost * static_cast<double>(d) <= cap) return d;
-  return 1;
-}
+// A (sequence, head group) whose keys were cut over several backward tasks: each task sums its
+// key range's dQ^T into its own partial (parts of [dqkM x lddqt] per head, at base), added up
+// once they are all done.
+// Part p: at base + p x size (size: one part's elements, hg heads); its first query block at
+// q0[first + p] (its columns below are not written).
+struct DqSplit {
+  int64_t b, h0, parts, first, base, size;
+};
 
 template <class E>
 void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t* go,
@@ -438,6 +427,11 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
   const int64_t dqkM = round_up(dqk, E::kRowPad);
   const int64_t npos = P.pos_w ? 2 * P.max_seq_len - 1 : 0, nts = P.ts_w ? P.nts : 0;
   const int nthreads = max_threads();
+  const int64_t kSeqPad = imax(imax(E::kRowPad, 16), imax(E::kKPad, E::kNPad));
+  // keys / queries padded to the engine's granularity (a multiple of 16), not to whole blocks
+  auto padded_len = [&](int64_t n) { return round_up(n, kSeqPad); };
+  // dQ^T's stride (dqk x queries): not a multiple of 4 KiB (16 rows of a tile in one L1 set)
+  auto dqt_ld = [&](int64_t np) { return np + 16; };
 
   // the position table reversed: the key-oriented tiles read pos_w[msl - 1 + j - i] along i
   Scratch<acc_t> pos_rev_buf;
@@ -449,30 +443,40 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
   Scratch<double> grads_buf;
   double* grads = grads_buf.zeroed(nthreads * (npos + nts));
 
-  // heads per task, per sequence: every head of a sequence on one thread (the heads share each key
-  // block's bias strip and its tables' gradient pass: dS summed over the heads first), fewer where
-  // the tasks would not balance over the threads
-  double total = 0;
-  for (int64_t b = 0; b < P.B; ++b) total += static_cast<double>(P.len(b)) * static_cast<double>(P.len(b) * H);
-  double cap = total + 1;
-  if constexpr (E::kGroupHeads) {
-    if (nthreads > 1) cap = total / (E::kTasksPerThread * nthreads);
+  // Tasks: a sequence's heads together (E::kGroupHeads: they share each key block's bias strip and
+  // its tables' gradient pass, dS summed over the heads first), else one head each; a long one cut
+  // into key ranges (whole key blocks) so the tasks balance over the threads.
+  Scratch<RowTask> task_buf;
+  RowTask* tasks = nullptr;
+  const bool per_head = !E::kGroupHeads;
+  const int64_t hg = per_head ? 1 : H;
+  const int64_t ntask = row_tasks(P.off, P.B, H, per_head, kBwdKeys, RowCost::kKeys, E::kTasksPerThread, nthreads,
+                                  task_buf, tasks);
+  // the cut (sequence, head group)s' dQ^T partials (tasks are in order of sequence, head, keys)
+  Scratch<DqSplit> split_buf;
+  DqSplit* splits = split_buf.get(ntask);
+  int64_t nsplit = 0, nparts = 0, part_elems = 0;
+  for (int64_t t0 = 0, t1; t0 < ntask; t0 = t1) {
+    t1 = t0 + 1;
+    while (t1 < ntask && tasks[t1].b == tasks[t0].b && tasks[t1].h == tasks[t0].h) ++t1;
+    if (t1 - t0 == 1) continue;
+    const int64_t size = hg * dqkM * dqt_ld(padded_len(P.len(tasks[t0].b)));
+    splits[nsplit] = {tasks[t0].b, tasks[t0].h * hg, t1 - t0, nparts, part_elems, size};
+    for (int64_t t = t0; t < t1; ++t) {
+      tasks[t].split = nsplit;
+      tasks[t].part = t - t0;
+    }
+    nparts += t1 - t0;
+    part_elems += (t1 - t0) * size;
+    ++nsplit;
   }
-  Scratch<int64_t> hg_buf;
-  int64_t* hgs = hg_buf.get(P.B);
-  int64_t ntask = 0;
-  for (int64_t b = 0; b < P.B; ++b) {
-    hgs[b] = E::kGroupHeads ? heads_per_task(P.len(b), H, cap) : 1;
-    ntask += H / hgs[b];
-  }
-  Scratch<Task> task_buf;
-  Task* tasks = task_buf.get(ntask);
-  for (int64_t b = 0, t = 0; b < P.B; ++b)
-    for (int64_t h0 = 0; h0 < H; h0 += hgs[b]) tasks[t++] = {b, h0, P.len(b) * P.len(b) * hgs[b]};
-  sort_tasks_desc(tasks, ntask);
+  static thread_local Scratch<acc_t> parts_buf;  // the calling thread's, kept between calls
+  acc_t* parts = parts_buf.get(part_elems);
+  Scratch<int64_t> part_q0_buf;
+  int64_t* part_q0 = part_q0_buf.get(nparts);
+  sort_by_cost_desc(tasks, ntask);
   const acc_t alpha = static_cast<acc_t>(P.alpha);
   const int64_t KBM = round_up(kBwdKeys, E::kRowPad), KBK = round_up(kBwdKeys, E::kKPad);
-  const int64_t kSeqPad = imax(imax(E::kRowPad, 16), imax(E::kKPad, E::kNPad));
 
 #pragma omp parallel num_threads(nthreads)
   {
@@ -495,56 +499,13 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
     int64_t* tsk = tq_b.get(kBwdKeys);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < ntask; ++t) {
-      const int64_t b = tasks[t].b, h0 = tasks[t].i0, hg = hgs[b], n = P.len(b), s0 = P.off[b];
-      if (n == 0) continue;
-      // keys / queries padded to the engine's granularity (a multiple of 16), not to whole blocks:
+      const RowTask& task = tasks[t];
+      const int64_t b = task.b, h0 = task.h * hg, n = P.len(b), s0 = P.off[b];
+      const int64_t J0 = task.r0, J1 = task.r1;  // the task's keys (whole key blocks)
       // the last block is a partial one (a 20-token sequence packs and zeroes 32 rows, not 64)
-      const int64_t np = round_up(n, kSeqPad);
+      const int64_t np = padded_len(n), jend = J1 < n ? J1 : np;
       const SeqMask mask(n, P.ctx, P.nt ? P.nt[b] : 0);
       const acc_t inv = static_cast<acc_t>(1.0 / norm_of(n, P.max_seq_len, P.by_len));
-      // operands of this sequence's heads h0 .. h0 + hg - 1, padded with zeros (head x at x * size)
-      // strides of the dqk x keys arrays: not a multiple of 4 KiB (16 rows of a tile in one L1 set)
-      const int64_t ldkta = np + 64 / static_cast<int64_t>(sizeof(in_t)), lddqt = np + 16;
-      const int64_t ldqt = E::b_ld(dqk, np), lddot = E::b_ld(dvd, np), lddo = E::b_ld(np, dvd),
-                    ldqb = E::b_ld(np, dqk);
-      const int64_t szka = np * dqkK, szva = np * dvK, szkta = dqkM * ldkta, szqtb = E::b_size(dqk, np),
-                    szdotb = E::b_size(dvd, np), szdob = E::b_size(np, dvd), szqb = E::b_size(np, dqk),
-                    szdqt = dqkM * lddqt;
-      in_t* KA0 = ka_b.get(hg * szka);       // A: keys x dqk
-      in_t* VA0 = va_b.get(hg * szva);       // A: keys x dv
-      in_t* KTA0 = kta_b.get(hg * szkta);    // A: dqk x keys
-      in_t* QTB0 = qtb_b.get(hg * szqtb);    // B: dqk x queries
-      in_t* DOTB0 = dotb_b.get(hg * szdotb); // B: dv x queries
-      in_t* DOB0 = dob_b.get(hg * szdob);    // B: queries x dv
-      in_t* QB0 = qb_b.get(hg * szqb);       // B: queries x dqk
-      acc_t* DQT0 = dqt_b.zeroed(hg * szdqt);  // dQ^T: dqk x queries
-      for (int64_t x = 0; x < hg; ++x) {
-        const int64_t h = h0 + x;
-        in_t* KA = KA0 + x * szka;
-        in_t* VA = VA0 + x * szva;
-        in_t* KTA = KTA0 + x * szkta;
-        for (int64_t j = 0; j < np; ++j) {
-          in_t* kr = KA + j * dqkK;
-          in_t* vr = VA + j * dvK;
-          if (j < n) {
-            std::memcpy(kr, k + (s0 + j) * ldq + h * dqk, dqk * sizeof(in_t));
-            std::memset(kr + dqk, 0, (dqkK - dqk) * sizeof(in_t));
-            std::memcpy(vr, v + (s0 + j) * ldv + h * dvd, dvd * sizeof(in_t));
-            std::memset(vr + dvd, 0, (dvK - dvd) * sizeof(in_t));
-          } else {
-            std::memset(kr, 0, dqkK * sizeof(in_t));
-            std::memset(vr, 0, dvK * sizeof(in_t));
-          }
-        }
-        E::transpose_rows(KA, dqkK, np, dqk, KTA, ldkta);
-        if (dqkM > dqk) std::memset(KTA + dqk * ldkta, 0, (dqkM - dqk) * ldkta * sizeof(in_t));
-        const in_t* qh = q + s0 * ldq + h * dqk;
-        const in_t* goh = go + s0 * ldv + h * dvd;
-        E::pack_bt(qh, ldq, dqk, n, np, QTB0 + x * szqtb, ldqt);
-        E::pack_bt(goh, ldv, dvd, n, np, DOTB0 + x * szdotb, lddot);
-        E::pack_b(goh, ldv, n, np, dvd, DOB0 + x * szdob, lddo);
-        E::pack_b(qh, ldq, n, np, dqk, QB0 + x * szqb, ldqb);
-      }
       // per query: the end of its key prefix; per query block: the largest one
       const int64_t nqb = (np + kBwdRows - 1) / kBwdRows;
       int64_t* e = cols_b.get(2 * n + nqb + 16);
@@ -557,6 +518,66 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
         emax[qb] = mx;
       }
       if (tqv) for (int64_t i = 0; i < n; ++i) tqv[i] = P.ts[s0 + imin(i + 1, n - 1)];
+      // whether a query in the block at i0 sees a key of the block at j0; the first query block
+      // that does (a later key block's never comes before it: the diagonal and prefixes move right)
+      auto visible = [&](int64_t j0, int64_t i0) {
+        const int64_t m = imin(kBwdKeys, n - j0), w = imin(kBwdRows, n - i0);
+        return (i0 < j0 + m && j0 < i0 + w) || emax[i0 / kBwdRows] > j0;
+      };
+      auto first_visible = [&](int64_t j0) {
+        int64_t cs = 0;
+        while (cs < n && !visible(j0, cs)) cs += kBwdRows;
+        return cs;
+      };
+      // operands of this sequence's heads h0 .. h0 + hg - 1, padded with zeros (head x at x * size):
+      // keys [J0, jend) and queries [q0, np), indexed from there
+      const int64_t q0 = first_visible(J0), nk = jend - J0, nq = np - q0;
+      // strides of the dqk x keys arrays: not a multiple of 4 KiB (16 rows of a tile in one L1 set)
+      const int64_t ldkta = nk + 64 / static_cast<int64_t>(sizeof(in_t)), lddqt = dqt_ld(np);
+      const int64_t ldqt = E::b_ld(dqk, nq), lddot = E::b_ld(dvd, nq), lddo = E::b_ld(nq, dvd),
+                    ldqb = E::b_ld(nq, dqk);
+      const int64_t szka = nk * dqkK, szva = nk * dvK, szkta = dqkM * ldkta, szqtb = E::b_size(dqk, nq),
+                    szdotb = E::b_size(dvd, nq), szdob = E::b_size(nq, dvd), szqb = E::b_size(nq, dqk),
+                    szdqt = dqkM * lddqt;
+      in_t* KA0 = ka_b.get(hg * szka);       // A: keys x dqk
+      in_t* VA0 = va_b.get(hg * szva);       // A: keys x dv
+      in_t* KTA0 = kta_b.get(hg * szkta);    // A: dqk x keys
+      in_t* QTB0 = qtb_b.get(hg * szqtb);    // B: dqk x queries
+      in_t* DOTB0 = dotb_b.get(hg * szdotb); // B: dv x queries
+      in_t* DOB0 = dob_b.get(hg * szdob);    // B: queries x dv
+      in_t* QB0 = qb_b.get(hg * szqb);       // B: queries x dqk
+      // dQ^T (dqk x queries from q0): the task's own, or its part of a cut sequence's partials
+      acc_t* DQT0 = task.split < 0 ? dqt_b.get(hg * szdqt)
+                                   : parts + splits[task.split].base + task.part * splits[task.split].size;
+      if (task.split >= 0) part_q0[splits[task.split].first + task.part] = q0;
+      for (int64_t r = 0; r < hg * dqkM; ++r) std::memset(DQT0 + r * lddqt, 0, nq * sizeof(acc_t));
+      for (int64_t x = 0; x < hg; ++x) {
+        const int64_t h = h0 + x;
+        in_t* KA = KA0 + x * szka;
+        in_t* VA = VA0 + x * szva;
+        in_t* KTA = KTA0 + x * szkta;
+        for (int64_t j = J0; j < jend; ++j) {
+          in_t* kr = KA + (j - J0) * dqkK;
+          in_t* vr = VA + (j - J0) * dvK;
+          if (j < n) {
+            std::memcpy(kr, k + (s0 + j) * ldq + h * dqk, dqk * sizeof(in_t));
+            std::memset(kr + dqk, 0, (dqkK - dqk) * sizeof(in_t));
+            std::memcpy(vr, v + (s0 + j) * ldv + h * dvd, dvd * sizeof(in_t));
+            std::memset(vr + dvd, 0, (dvK - dvd) * sizeof(in_t));
+          } else {
+            std::memset(kr, 0, dqkK * sizeof(in_t));
+            std::memset(vr, 0, dvK * sizeof(in_t));
+          }
+        }
+        E::transpose_rows(KA, dqkK, nk, dqk, KTA, ldkta);
+        if (dqkM > dqk) std::memset(KTA + dqk * ldkta, 0, (dqkM - dqk) * ldkta * sizeof(in_t));
+        const in_t* qh = q + (s0 + q0) * ldq + h * dqk;
+        const in_t* goh = go + (s0 + q0) * ldv + h * dvd;
+        E::pack_bt(qh, ldq, dqk, n - q0, nq, QTB0 + x * szqtb, ldqt);
+        E::pack_bt(goh, ldv, dvd, n - q0, nq, DOTB0 + x * szdotb, lddot);
+        E::pack_b(goh, ldv, n - q0, nq, dvd, DOB0 + x * szdob, lddo);
+        E::pack_b(qh, ldq, n - q0, nq, dqk, QB0 + x * szqb, ldqb);
+      }
       // a key block's bias and dS summed over the heads (for the tables' gradients) over all the
       // queries that see it: strips of kBwdKeys rows, one row per key
       const int64_t lds = round_up(np, 16) + 16;
@@ -571,17 +592,10 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
         runs.kmin = kmin_b.get(kBwdKeys * runs.gld);
         runs.kmax = kmax_b.get(kBwdKeys * runs.gld);
       }
-      for (int64_t j0 = 0; j0 < n; j0 += kBwdKeys) {
+      for (int64_t j0 = J0; j0 < J1; j0 += kBwdKeys) {
         const int64_t m = imin(kBwdKeys, n - j0), mM = round_up(m, E::kRowPad), mK = round_up(m, E::kKPad);
         if (P.ts_w) for (int64_t r = 0; r < m; ++r) tsk[r] = P.ts[s0 + j0 + r];
-        // the query blocks that see these keys start at cs
-        auto visible = [&](int64_t i0) {
-          const int64_t w = imin(kBwdRows, n - i0);
-          return (i0 < j0 + m && j0 < i0 + w) || emax[i0 / kBwdRows] > j0;
-        };
-        int64_t cs = 0;
-        while (cs < n && !visible(cs)) cs += kBwdRows;
-        const int64_t ws = n - cs;
+        const int64_t cs = first_visible(j0), ws = n - cs;  // the query blocks that see these keys
         if (bias) {
           // strip (r, c) = pos_w[msl - 1 + j - i] = pos_rev[msl - 1 + i - j] + ts_w[bucket(ts_j - tq_i)],
           // j = j0 + r, i = cs + c
@@ -601,17 +615,19 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
           bool first = true;
           for (int64_t i0 = cs; i0 < n; i0 += kBwdRows) {
             const int64_t w = imin(kBwdRows, n - i0), wK = round_up(w, imax(E::kKPad, E::kNPad));
-            if (!visible(i0)) {  // no query here sees these keys
+            if (!visible(j0, i0)) {  // no query here sees these keys
               if (G && x == 0) for (int64_t r = 0; r < m; ++r) std::memset(G + r * lds + (i0 - cs), 0, w * sizeof(acc_t));
               continue;
             }
-            E::gemm(mM, wK, dqkK, KA + j0 * dqkK, dqkK, E::b_block(QTB, ldqt, 0, i0), ldqt, ST, kBwdRows, false);
-            E::gemm(mM, wK, dvK, VA + j0 * dvK, dvK, E::b_block(DOTB, lddot, 0, i0), lddot, DPT, kBwdRows, false);
+            E::gemm(mM, wK, dqkK, KA + (j0 - J0) * dqkK, dqkK, E::b_block(QTB, ldqt, 0, i0 - q0), ldqt, ST, kBwdRows,
+                    false);
+            E::gemm(mM, wK, dvK, VA + (j0 - J0) * dvK, dvK, E::b_block(DOTB, lddot, 0, i0 - q0), lddot, DPT, kBwdRows,
+                    false);
             E::silu_bwd(m, mK, w, wK, ST, DPT, kBwdRows, bias ? bias + (i0 - cs) : nullptr, lds, j0, i0, e + i0,
                         alpha, PA, dSA, kBwdRows, dSB, ldsb, G ? G + (i0 - cs) : nullptr, lds, x > 0);
-            E::gemm(mM, dvN, wK, PA, kBwdRows, E::b_block(DOB, lddo, i0, 0), lddo, DV, dvN, !first);
-            E::gemm(mM, dqkN, wK, dSA, kBwdRows, E::b_block(QB, ldqb, i0, 0), ldqb, DK, dqkN, !first);
-            E::gemm(dqkM, wK, mK, KTA + j0, ldkta, dSB, ldsb, DQT + i0, lddqt, true);
+            E::gemm(mM, dvN, wK, PA, kBwdRows, E::b_block(DOB, lddo, i0 - q0, 0), lddo, DV, dvN, !first);
+            E::gemm(mM, dqkN, wK, dSA, kBwdRows, E::b_block(QB, ldqb, i0 - q0, 0), ldqb, DK, dqkN, !first);
+            E::gemm(dqkM, wK, mK, KTA + (j0 - J0), ldkta, dSB, ldsb, DQT + (i0 - q0), lddqt, true);
             first = false;
           }
           if (first) {  // cannot happen (a key sees itself); keep the outputs defined anyway
@@ -628,8 +644,25 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
                          P.ts_w ? &runs : nullptr, static_cast<double>(inv));
         }
       }
-      for (int64_t x = 0; x < hg; ++x)
-        E::store_transposed(dqk, n, DQT0 + x * szdqt, lddqt, alpha * inv, dq + s0 * ldq + (h0 + x) * dqk, ldq);
+      // a task with every key of its sequence starts at query 0 (the first key sees itself)
+      if (task.split < 0)
+        for (int64_t x = 0; x < hg; ++x)
+          E::store_transposed(dqk, n, DQT0 + x * szdqt, lddqt, alpha * inv, dq + s0 * ldq + (h0 + x) * dqk, ldq);
+    }
+    // the cut sequences' dQ^T: the parts added into part 0 (which starts at query 0), per head
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t g = 0; g < nsplit * hg; ++g) {
+      const DqSplit& S = splits[g / hg];
+      const int64_t x = g % hg, n = P.len(S.b), np = padded_len(n), lddqt = dqt_ld(np), head = x * dqkM * lddqt;
+      acc_t* sum = parts + S.base + head;
+      for (int64_t p = 1; p < S.parts; ++p) {
+        const acc_t* add = parts + S.base + p * S.size + head;
+        const int64_t c0 = part_q0[S.first + p];
+        for (int64_t r = 0; r < dqk; ++r)
+          for (int64_t c = 0; c < n - c0; ++c) sum[r * lddqt + c0 + c] += add[r * lddqt + c];
+      }
+      const acc_t inv = static_cast<acc_t>(1.0 / norm_of(n, P.max_seq_len, P.by_len));
+      E::store_transposed(dqk, n, sum, lddqt, alpha * inv, dq + P.off[S.b] * ldq + (S.h0 + x) * dqk, ldq);
     }
   }
   for (int th = 0; th < nthreads; ++th) {

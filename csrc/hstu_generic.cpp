@@ -125,6 +125,7 @@ struct BlasEngine {
   static constexpr int64_t kRowPad = 1, kKPad = 1, kNPad = 1;
   static constexpr bool kBSeparate = false;  // dS^T's B layout is its A layout
   static constexpr bool kGroupHeads = false;  // one head per backward task (as the fp32 AVX-512 engine)
+  static constexpr double kTasksPerThread = 4.0;
   struct Thread {};
 
   static int64_t b_ld(int64_t /*K*/, int64_t N) { return N; }
@@ -297,9 +298,10 @@ struct BlasEngine {
 struct F32Avx2 : BlasEngine<float> {
   static constexpr int64_t kNPad = 16;
   static constexpr bool kGroupHeads = true;
-  // two groups' worth of work per thread, not four: a long sequence keeps more heads together
-  // (eight heads, two threads, backward side by side: 59.5 -> 52.6 ms at max_len 1024, 739 ->
-  // 641 ms at 4096; one group per thread left 4096's two sequences unbalanced: 867 ms)
+  // two tasks' worth of work per thread: fewer key ranges (each packs the queries it sees and
+  // sums a dQ partial) and still balanced (four heads, two threads, backward, benchmark inputs,
+  // alternating: 1.5 / 2 / 3 / 4 per thread 418 / 323 / 320-333 / 350 ms at max_len 4096,
+  // 26.1 / 26.2 / 26.4 / 27.3 ms at 1024)
   static constexpr double kTasksPerThread = 2.0;
 
   // a mask bound as a 32-bit lane value (column and key indices are below 2^31)

@@ -475,6 +475,7 @@ struct F32Avx512 : Avx512Tables {
   // backward tasks take one head each: the bias work is a small share of the fp32 backward, and
   // a group's fp32 operand packs (twice bf16's) outgrow the caches (max_len 4096: 330 -> 420 ms)
   static constexpr bool kGroupHeads = false;
+  static constexpr double kTasksPerThread = 4.0;
   struct Thread {};
 
   static int64_t b_ld(int64_t /*K*/, int64_t N) { return padded_f32_b_ld(N); }

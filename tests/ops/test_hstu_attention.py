@@ -415,9 +415,9 @@ def _engines(dtype):
 
 @pytest.fixture(params=[1, 2], ids=("1thread", "2threads"))
 def threads(request):
-    """torch's (= OpenMP's) thread count for the test: the backward gives one thread every head
-    of a sequence (the heads share the bias strips and their tables' gradient pass), several
-    threads fewer heads per task (csrc/hstu_driver.h: heads_per_task)."""
+    """torch's (= OpenMP's) thread count for the test: on one thread every backward task holds a
+    whole sequence; on several a long one is cut into key ranges whose dQ partials are added up
+    at the end (csrc/hstu_driver.h: row_tasks, DqSplit)."""
     before = torch.get_num_threads()
     torch.set_num_threads(request.param)
     yield request.param
@@ -529,17 +529,23 @@ def test_cpu_float32_engines_time_buckets_across_the_int64_range(name, engine):
 
 @_needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("lengths", [[150, 150, 150, 150], [400, 30, 0, 20, 1]],
-                         ids=("2-head-groups", "long-split-short-whole"))
-def test_cpu_engines_with_head_groups_on_two_threads(dtype, lengths, engine):
-    """4 heads, 2 threads (csrc/hstu_driver.h heads_per_task): four equal sequences give tasks of
-    2 heads each (neither 1 nor all); one long sequence among short ones is split by head while
-    the short ones keep their 4 heads together.  The bias tables' gradients are summed over each
-    group's heads, then over the tasks."""
+@pytest.mark.parametrize("lengths,targets,c", [
+    ([150, 150, 150], False, 0),
+    ([400, 30, 0, 20, 1], False, 0),
+    ([333, 5, 260, 64], [0, 1, 9, 0], 0),
+    ([300, 7, 129], [4, 0, 2], 3),
+], ids=("equal", "long-cut-short-whole", "targets", "targets-and-context"))
+def test_cpu_engines_with_sequences_cut_over_keys_on_two_threads(dtype, lengths, targets, c, engine):
+    """4 heads, 2 threads (csrc/hstu_driver.h row_tasks): a sequence holding more than about
+    1 / (kTasksPerThread x 2) of the backward is cut into key ranges (three equal ones in two
+    each; the long one into several, the later ones starting past query 0; the short ones whole).  Each range sums its own dQ
+    partial, added up at the end; the bias tables' gradients are summed over the tasks.  With
+    targets and a contextual prefix the first query block that sees a key range moves (or, with
+    the prefix, stays at 0)."""
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        args = _case(lengths, H=4, dqk=16, dv=8, max_seq_len=max(lengths), targets=False, c=0,
+        args = _case(lengths, H=4, dqk=16, dv=8, max_seq_len=max(lengths), targets=targets, c=c,
                      dtype=dtype, seed=93)
         for name in _engines(dtype):
             engine(dtype, name)
