@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "direct.h"
+#include "interleaved_timing.h"
 #include "isa.h"
 #include "parallel.h"
 #include "torchrec_ascend.h"
@@ -134,7 +135,8 @@ void check_offsets(const std::vector<int64_t>& offs, int64_t n_bags, int64_t N) 
 }
 
 // Where the rows a pooling kernel sums come from, which decides how far ahead they are fetched:
-//  * kMemory: rows of the weights, random and mostly not cached (the forwards).  The whole row
+//  * kMemory: rows of the weights, random and mostly not cached (the forwards), where the CPU
+//    gains by it (far_prefetch_pays: not on a Zen 2 AMD EPYC, whose forwards use kLlc).  The whole row
 //    kFarAhead positions on is asked for into L2 (_MM_HINT_T1) and the block of the row
 //    kNearAhead on into L1.  Prefetching only into L1 (T0, 8-16 rows ahead) held the full-shape
 //    forward at 12.8 ms for 130 MB of rows: the L1's few miss buffers were the limit; with the L2
@@ -321,6 +323,41 @@ inline void pool_f32(float* o, const float* const* rows, const float* s, int64_t
   }
 }
 
+// Whether the two-stage prefetch of Source::kMemory pays over Source::kLlc's L1 stage alone for
+// rows that come from memory, on this CPU.  It depends on what the CPU does with a prefetch into
+// L2: the D=256 full-shape forward (4 x 50k rows, 205 MB) took 6.7-7.4 ms with it and 12.8 ms
+// without on an AVX-512 AMD EPYC, but 11.5-12.5 ms with it and 9.4-10.0 ms without on a Zen 2
+// AMD EPYC (fbgemm 9.1-9.7 ms; the whole row 32 ahead is more than its L1 holds), and the Xeon's
+// was no faster with it.  Measured once per process, on first use: both sums over bags of 64
+// random rows (D=256) of a 64 MiB table, past the L3 a core sees on those CPUs (16-32 MiB per
+// core complex), fresh rows every run, 7 interleaved rounds (interleaved_timing.h; ~30 ms, most
+// of it faulting the table in).
+static bool far_prefetch_pays() {
+  static const bool pays = [] {
+    constexpr int64_t kD = 256, kRows = (int64_t(64) << 20) / (kD * 4), kBag = 64, kBags = 64, kRounds = 7;
+    constexpr int64_t kPerRun = kBag * kBags;
+    std::vector<float> table(kRows * kD, 1.0f), out(kD);
+    std::vector<const float*> rows(kPerRun * 2 * (kRounds + 1));
+    uint64_t x = 0x9E3779B97F4A7C15ull;  // xorshift: fixed random rows
+    for (auto& r : rows) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      r = table.data() + static_cast<int64_t>(x % static_cast<uint64_t>(kRows)) * kD;
+    }
+    int64_t run = 0;
+    const std::vector<double> med = interleaved_median_seconds(2, kRounds, [&](size_t i) {
+      const float* const* rp = rows.data() + (run++) * kPerRun;  // rows no earlier run read
+      for (int64_t b = 0; b < kBags; ++b) {
+        const float* const* bag = rp + b * kBag;
+        const int64_t ahead = kPerRun - b * kBag;
+        if (i == 0) pool_f32<Source::kMemory>(out.data(), bag, nullptr, kBag, ahead, kD);
+        else pool_f32<Source::kLlc>(out.data(), bag, nullptr, kBag, ahead, kD);
+      }
+    });
+    return med[0] < med[1];
+  }();
+  return pays;
+}
+
 // Prefetches the row of position i + kAhead while position i is summed, across bag ends (short
 // bags are the common case: stopping at a bag's end would leave their rows unfetched).  Bags
 // [k0, k1) cover positions [offs[k0], offs[k1]); advance() is called with ascending i.  At most
@@ -451,9 +488,10 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
       const index_t* ip = indices.data_ptr<index_t>();
       const int64_t work = (offs[T * B] - offs[0]) * std::max<int64_t>(total_D / T, 1);
       const bool blocked = std::is_same_v<scalar_t, float> && have_avx2();
-      // the blocked sum for where the weights' rows come from (see Source)
-      const auto pool = fits_llc(wn * static_cast<int64_t>(sizeof(scalar_t)), kWeightsLlcShare)
-                            ? &pool_f32<Source::kLlc> : &pool_f32<Source::kMemory>;
+      // the blocked sum for where the weights' rows come from (see Source; far_prefetch_pays)
+      const bool resident = fits_llc(wn * static_cast<int64_t>(sizeof(scalar_t)), kWeightsLlcShare);
+      const auto pool = blocked && !resident && far_prefetch_pays() ? &pool_f32<Source::kMemory>
+                                                                     : &pool_f32<Source::kLlc>;
       parallel_over(T * B, work, [&](int64_t k0, int64_t k1) {
         RowPrefetcher<scalar_t, index_t> ahead{offs, w_off, dims.data(), 0, B, offs[k1], wn, wp, ip, k0};
         // fp32 on AVX2: the chunk's row pointers first (checked), then the blocked sum per bag
