@@ -20,6 +20,9 @@ import torch
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
+CPU_KINDS = ("amx", "avx512bf16", "avx512", "avx2", "generic")  # what cpu_kind returns, fastest first
+
+
 def cpu_kind() -> str:
     """The CPU's kind by the extensions that decide the fastest GEMM dtype and the HSTU engines:
     ``amx`` (AMX-BF16), ``avx512bf16`` (AVX512-BF16, no AMX), ``avx512``, ``avx2`` or ``generic``;

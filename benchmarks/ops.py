@@ -19,9 +19,10 @@ fbgemm-gpu-cpu's kernels run on the calling thread anyway (built without OpenMP)
 only above ``kParallelWork`` elements (csrc/parallel.h), more than any case here.  Multi-jagged
 dimension cases (``J=2``/``J=3``) have rows of their own.
 
-Writes benchmarks/results/ops.json (and its table in docs/ops.md; a run limited by ``--only`` or
-``--areas`` writes benchmarks/results/ops_partial.json instead and leaves both alone; ``--quick``
-writes benchmarks/results/ops_quick_<cpu kind>.json, one per kind of CPU measured): per op
+Writes benchmarks/results/ops_<cpu kind>.json (``amx``, ``avx512bf16``, ``avx512``, ``avx2``:
+:func:`benchmarks.common.cpu_kind`; one per kind of CPU measured, each a table of docs/ops.md; a
+run limited by ``--only`` or ``--areas`` writes benchmarks/results/ops_partial.json instead and
+leaves both alone; ``--quick`` writes benchmarks/results/ops_quick_<cpu kind>.json): per op
 ``op``, ``ours_ms``, ``baseline`` (``fbgemm`` / ``reference``), ``baseline_ms``, ``fbgemm_ms``
 (None where the baseline is the reference), ``ratio`` (ours / baseline), ``shapes``, ``backend``,
 ``area``, ``target``, ``meets_target``.  Targets: every row ratio <= 1.0, and <= 0.2 for
@@ -45,12 +46,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from benchmarks.common import (RESULTS_DIR, cpu_kind, print_table, replace_doc_section,  # noqa: E402
-                               write_json)
+from benchmarks.common import (CPU_KINDS, RESULTS_DIR, cpu_kind, print_table,  # noqa: E402
+                               replace_doc_section, write_json)
 from benchmarks.op_cases import Case, our_backend, ours_context  # noqa: E402
 
 AREAS = ("sparse", "embedding", "jagged")
-RESULTS = os.path.join(RESULTS_DIR, "ops.json")
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "ops.md")
 BMM_TARGET = {"jagged_jagged_bmm": 0.2, "jagged_dense_bmm": 0.2}
 
@@ -121,11 +121,13 @@ def _row(area: str, c: Case, backend: str, ours_ms: float, base_ms: Optional[flo
     }
 
 
-def markdown_table(path: str = RESULTS) -> Optional[str]:
-    """The measured table of a results file (benchmarks/results/ops.json; None if absent): the
-    ``benchmark`` section of docs/ops.md."""
-    if not os.path.exists(path):
-        return None
+def results_path(kind: str) -> str:
+    """The full run's results file for a kind of CPU (benchmarks/results/ops_<kind>.json)."""
+    return os.path.join(RESULTS_DIR, f"ops_{kind}.json")
+
+
+def markdown_table(path: str) -> str:
+    """The measured table of one results file, headed by its CPU."""
     with open(path) as f:
         doc = json.load(f)
     m = doc.get("machine", {})
@@ -153,13 +155,22 @@ def markdown_table(path: str = RESULTS) -> Optional[str]:
     return "\n".join(lines)
 
 
+def benchmark_markdown() -> Optional[str]:
+    """The ``benchmark`` section of docs/ops.md: a table per kind of CPU with a full run
+    committed (benchmarks/results/ops_<kind>.json), fastest kind first; None if there is none."""
+    tables = [f"### `{kind}`\n\n{markdown_table(results_path(kind))}" for kind in CPU_KINDS
+              if os.path.exists(results_path(kind))]
+    return "\n\n".join(tables) if tables else None
+
+
 def update_doc_table(doc: str = DOC) -> str:
-    """Rewrite the benchmark table of docs/ops.md from the JSON just written."""
+    """Rewrite the benchmark tables of docs/ops.md from the committed full runs (the one just
+    written included)."""
     with open(doc) as f:
         text = f.read()
     with open(doc, "w") as f:
-        f.write(replace_doc_section(text, "benchmark", markdown_table()))
-    return f"updated the benchmark table of {doc}"
+        f.write(replace_doc_section(text, "benchmark", benchmark_markdown()))
+    return f"updated the benchmark tables of {doc}"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -194,8 +205,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     partial = bool(only) or set(areas) != set(AREAS)
     # a subset is not the published table: it goes to ops_partial.json (git-ignored), so a quick
     # look at one op cannot replace the full run that docs/ops.md shows
-    # the quick shapes have a file of their own: only the full run is the table of docs/ops.md
-    name = "ops_partial" if partial else (f"ops_quick_{cpu_kind()}" if args.quick else "ops")
+    # the quick shapes have a file of their own: only the full runs are the tables of docs/ops.md
+    name = "ops_partial" if partial else (f"ops_quick_{cpu_kind()}" if args.quick else f"ops_{cpu_kind()}")
     path = write_json(name, {
         "quick": args.quick,
         "torch_threads": torch.get_num_threads(),
@@ -205,7 +216,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "rows": rows,
     })
     print(f"wrote {path}")
-    if name == "ops":
+    if not partial and not args.quick:
         print(update_doc_table())
     return 0
 

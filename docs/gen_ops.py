@@ -1,17 +1,17 @@
-"""Generate the tables of docs/ops.md from the op registry and benchmarks/results/ops.json.
+"""Generate the tables of docs/ops.md from the op registry and benchmarks/results/ops_<cpu kind>.json.
 
 ``python docs/gen_ops.py`` rewrites the generated sections of docs/ops.md (between
 ``<!-- BEGIN <name> -->`` / ``<!-- END <name> -->`` markers); ``--check`` exits 1 when the
 coverage section or the benchmark table is out of date (tests/ops/test_sparse.py runs the same
-comparisons), so neither can drift from ``torchrec_ascend.ops.registry`` and
-benchmarks/results/ops.json.
+comparisons), so neither can drift from ``torchrec_ascend.ops.registry`` and the committed
+full runs of benchmarks/ops.py.
 
 Sections:
 * ``coverage``: op x backend, from the registered :class:`OpSpec` s (what implementations
   exist; the same on every machine with fbgemm-gpu-cpu 1.8.0 installed);
 * ``resolved``: op x device -> backend chosen on the generating machine, from
   ``registry.describe_rows()`` (depends on what is installed/built there);
-* ``benchmark``: the measured table of benchmarks/results/ops.json.
+* ``benchmark``: the measured tables of benchmarks/results/ops_<cpu kind>.json, one per kind.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ DOC = os.path.join(ROOT, "docs", "ops.md")
 sys.path.insert(0, ROOT)
 
 from benchmarks.common import doc_section, replace_doc_section  # noqa: E402
-from benchmarks.ops import markdown_table as benchmark_markdown  # noqa: E402  (the section's body)
+from benchmarks.ops import benchmark_markdown  # noqa: E402  (the section's body)
 
 
 def _registry():
@@ -117,7 +117,7 @@ def main(argv: List[str]) -> int:
             return 1
         bench = benchmark_markdown()
         if bench is not None and documented_benchmark() != bench.strip():
-            print("docs/ops.md: benchmark table differs from benchmarks/results/ops.json; run "
+            print("docs/ops.md: benchmark tables differ from benchmarks/results/ops_<cpu kind>.json; run "
                   "python docs/gen_ops.py")
             return 1
         print("docs/ops.md: coverage and benchmark tables up to date")
