@@ -18,6 +18,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -358,6 +359,15 @@ static bool far_prefetch_pays() {
   return pays;
 }
 
+// -1: far_prefetch_pays() decides; 0 / 1: the two-stage prefetch forced off / on (tests: both
+// paths run on any CPU; _set_far_prefetch).
+std::atomic<int> far_prefetch_override{-1};
+int set_far_prefetch(int mode) { return far_prefetch_override.exchange(mode); }
+static bool use_far_prefetch() {
+  const int o = far_prefetch_override.load(std::memory_order_relaxed);
+  return o >= 0 ? o == 1 : far_prefetch_pays();
+}
+
 // Prefetches the row of position i + kAhead while position i is summed, across bag ends (short
 // bags are the common case: stopping at a bag's end would leave their rows unfetched).  Bags
 // [k0, k1) cover positions [offs[k0], offs[k1]); advance() is called with ascending i.  At most
@@ -490,7 +500,7 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
       const bool blocked = std::is_same_v<scalar_t, float> && have_avx2();
       // the blocked sum for where the weights' rows come from (see Source; far_prefetch_pays)
       const bool resident = fits_llc(wn * static_cast<int64_t>(sizeof(scalar_t)), kWeightsLlcShare);
-      const auto pool = blocked && !resident && far_prefetch_pays() ? &pool_f32<Source::kMemory>
+      const auto pool = blocked && !resident && use_far_prefetch() ? &pool_f32<Source::kMemory>
                                                                      : &pool_f32<Source::kLlc>;
       parallel_over(T * B, work, [&](int64_t k0, int64_t k1) {
         RowPrefetcher<scalar_t, index_t> ahead{offs, w_off, dims.data(), 0, B, offs[k1], wn, wp, ip, k0};
@@ -1471,6 +1481,9 @@ at::Tensor dense_lookup_op(const at::Tensor& dev_weights, const at::Tensor& weig
 }
 
 void bind_embedding(pybind11::module& m) {
+  // tests: the pooled forward's two-stage prefetch for weights past the LLC (-1: measured, 0 / 1:
+  // forced off / on); returns the old setting
+  m.def("_set_far_prefetch", &set_far_prefetch);
   m.def("tbe_forward_unweighted", [](py::args a) { return tbe_forward(false, a); });
   m.def("tbe_forward_weighted", [](py::args a) { return tbe_forward(true, a); });
   m.def("tbe_nobag_forward", [](py::args a) { return tbe_nobag_forward(a); });

@@ -36,6 +36,17 @@ def llc_bytes():
 
 
 @pytest.fixture
+def far_prefetch():
+    """set(mode): the pooled TBE forward's two-stage prefetch for weights past the LLC forced off
+    (0) or on (1) instead of measured per CPU (-1; csrc/embedding.cpp far_prefetch_pays), so both
+    paths run on any machine; restored afterwards."""
+    ext = _extension()
+    old = ext._set_far_prefetch(-1)
+    yield ext._set_far_prefetch
+    ext._set_far_prefetch(old)
+
+
+@pytest.fixture
 def reread(monkeypatch):
     """reread(**overrides): the registry reads its environment again (it reads it once, on
     import: set variables with ``monkeypatch`` first), fields of ``registry.Environment``

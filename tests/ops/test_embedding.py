@@ -810,16 +810,19 @@ _ISA_CAPS = pytest.mark.parametrize("cap", [2, 1], ids=["avx512", "avx2"])
 
 
 @_ISA_CAPS
-@pytest.mark.parametrize("llc", [0, 1 << 40], ids=["memory", "llc"])
+@pytest.mark.parametrize("llc,far", [(0, 1), (0, 0), (1 << 40, -1)], ids=["memory", "memory-near-only", "llc"])
 @pytest.mark.parametrize("pm,weighted", [(R.SUM, False), (R.SUM, True), (R.MEAN, False)],
                          ids=["sum", "weighted_sum", "mean"])
-def test_pooled_forward_vector_paths_match_scalar_path(cap, llc, pm, weighted, isa_cap, llc_bytes):
-    """The forward's AVX-512 / AVX2 sums against the scalar loop, with weights in memory (no LLC:
-    two-stage prefetch, rows far ahead into L2, near ahead into L1, across bag ends) and in the
+def test_pooled_forward_vector_paths_match_scalar_path(cap, llc, far, pm, weighted, isa_cap, llc_bytes,
+                                                       far_prefetch):
+    """The forward's AVX-512 / AVX2 sums against the scalar loop, with weights in memory (no LLC)
+    on both prefetch paths (two-stage: rows far ahead into L2, near ahead into L1, across bag ends;
+    and the L1 stage alone, which far_prefetch_pays picks where the far stage costs) and in the
     LLC (a 1 TiB one: the L1 stage only), on dims 256 / 48 / 20 / 272 (a 256-block plus blocks of
     16 plus a tail) and ragged bags of length 0, 1 and max (40 > the 32-row prefetch distance)."""
     torch.manual_seed(23)
     llc_bytes(llc)
+    far_prefetch(far)
     x = _tbe(dims=(256, 48, 20, 272), rows=(50, 40, 30, 20), B=7, max_L=40, weighted=weighted)
     name = "split_embedding_codegen_forward_weighted_pt2_wrapper" if weighted else \
         "split_embedding_codegen_forward_unweighted_pt2_wrapper"
