@@ -1484,6 +1484,9 @@ void bind_embedding(pybind11::module& m) {
   // tests: the pooled forward's two-stage prefetch for weights past the LLC (-1: measured, 0 / 1:
   // forced off / on); returns the old setting
   m.def("_set_far_prefetch", &set_far_prefetch);
+  // ops.describe(): whether the forward uses it (the _set_far_prefetch override, else the
+  // measured choice: measured now if no forward has yet)
+  m.def("_far_prefetch_used", &use_far_prefetch);
   m.def("tbe_forward_unweighted", [](py::args a) { return tbe_forward(false, a); });
   m.def("tbe_forward_weighted", [](py::args a) { return tbe_forward(true, a); });
   m.def("tbe_nobag_forward", [](py::args a) { return tbe_nobag_forward(a); });

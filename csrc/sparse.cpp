@@ -1082,6 +1082,8 @@ block_bucketize_sparse_features(const at::Tensor& lengths, const at::Tensor& ind
 }
 
 void bind_sparse(pybind11::module& m) {
+  // ops.describe(): invert_permute's measured choice (measured now if no call has yet)
+  m.def("_prefetch_scatter_pays", &prefetch_scatter_pays);
   m.def("asynchronous_complete_cumsum_rows", &asynchronous_complete_cumsum_rows);
   m.def("asynchronous_exclusive_cumsum", &asynchronous_exclusive_cumsum);
   m.def("asynchronous_inclusive_cumsum", &asynchronous_inclusive_cumsum);

@@ -897,3 +897,23 @@ def test_fused_row_kernels_match_scalar_path(cap, variant, opt, mode, isa_cap):
     torch.testing.assert_close(w_v, w_s, rtol=1e-5, atol=1e-6)
     for a, b in zip(st_v, st_s):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("far,want", [(1, "rows prefetched into L2 and L1"), (0, "rows prefetched into L1 only")])
+def test_describe_names_the_pooled_forwards_prefetch_path(far, want, far_prefetch):
+    """ops.describe(): on the csrc backend the pooled forwards' and the dense lookup's rows say
+    which prefetch path weights past the LLC take (measured per CPU; here forced both ways with
+    _set_far_prefetch); the nobag forward's row and the reference backend's say nothing of it."""
+    names = ["split_embedding_codegen_forward_unweighted_pt2_wrapper",
+             "split_embedding_codegen_forward_weighted_pt2_wrapper",
+             "dense_embedding_codegen_lookup_function",
+             "split_embedding_nobag_codegen_forward_unweighted_pt2_wrapper"]
+    far_prefetch(far)
+    with _forced("cpu_kernel", *names):
+        rows = {op: why for op, dev, _, why in ops.registry.describe_rows(["cpu"]) if op in names}
+    for op in names[:3]:
+        assert rows[op].endswith(f"weights past the LLC: {want} (measured on this CPU)"), rows[op]
+    assert "prefetched" not in rows[names[3]]
+    with _forced("reference", *names):
+        rows = {op: why for op, dev, _, why in ops.registry.describe_rows(["cpu"]) if op in names}
+    assert not any("prefetched" in why for why in rows.values())

@@ -290,6 +290,18 @@ def test_invert_permute(backend, dtype, n):
     assert torch.equal(p[got.long()], torch.arange(n, dtype=dtype))
 
 
+def test_describe_names_invert_permutes_measured_write_prefetch():
+    """ops.describe(): on the csrc backend invert_permute's row says whether its writes are
+    prefetched, the choice the kernel measured on this CPU (csrc/sparse.cpp prefetch_scatter_pays)."""
+    _need("invert_permute", "cpu_kernel")
+    from torchrec_ascend.ops import extension
+    pays = extension.kernel("_prefetch_scatter_pays")()
+    with tops.use_backend("cpu_kernel", ops=["invert_permute"]):
+        why = {op: w for op, _, _, w in tops.registry.describe_rows(["cpu"])}["invert_permute"]
+    want = "writes prefetched" if pays else "writes not prefetched"
+    assert why.endswith(f"; {want} (measured on this CPU)"), why
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("n", [11, 101])
 def test_invert_permute_names_the_first_entry_outside(dtype, n):

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from ..measured import FAR_PREFETCH
 from ..reference import embedding as ref
 from ..registry import OpSpec, register
 
@@ -380,6 +381,7 @@ def specs() -> List[OpSpec]:
             cpu_kernel="tbe_nobag_forward" if nobag else f"tbe_forward_{w}",
             fake=tbe_forward_fake(nobag),
             fbgemm=True,
+            detail=None if nobag else FAR_PREFETCH,
         ))
     out.append(OpSpec(
         name="split_embedding_codegen_grad_indice_weights_pt2_wrapper",
@@ -405,6 +407,7 @@ def specs() -> List[OpSpec]:
         schema=_DENSE_SCHEMA,
         reference=dense_embedding_codegen_lookup_function_reference,
         cpu_kernel="dense_lookup",
+        detail=FAR_PREFETCH,
         fake=dense_embedding_codegen_lookup_function_fake,
         backward=dense_embedding_codegen_lookup_function_backward,
         setup_context=dense_embedding_codegen_lookup_function_setup_context,

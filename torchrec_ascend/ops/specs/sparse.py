@@ -14,6 +14,7 @@ from typing import List, Optional
 
 import torch
 
+from ..measured import SCATTER_PREFETCH
 from ..reference import sparse as ref
 from ..registry import OpSpec, register
 
@@ -303,6 +304,7 @@ SPECS: List[OpSpec] = [
         cpu_kernel="invert_permute",
         fake=invert_permute_fake,
         fbgemm=True,
+        detail=SCATTER_PREFETCH,
     ),
     OpSpec(
         name="expand_into_jagged_permute",
