@@ -339,11 +339,8 @@ static bool far_prefetch_pays() {
     constexpr int64_t kPerRun = kBag * kBags;
     std::vector<float> table(kRows * kD, 1.0f), out(kD);
     std::vector<const float*> rows(kPerRun * 2 * (kRounds + 1));
-    uint64_t x = 0x9E3779B97F4A7C15ull;  // xorshift: fixed random rows
-    for (auto& r : rows) {
-      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-      r = table.data() + static_cast<int64_t>(x % static_cast<uint64_t>(kRows)) * kD;
-    }
+    uint64_t x = 0x9E3779B97F4A7C15ull;  // fixed random rows
+    for (auto& r : rows) r = table.data() + static_cast<int64_t>(next_fixed_random(x) % static_cast<uint64_t>(kRows)) * kD;
     int64_t run = 0;
     const std::vector<double> med = interleaved_median_seconds(2, kRounds, [&](size_t i) {
       const float* const* rp = rows.data() + (run++) * kPerRun;  // rows no earlier run read

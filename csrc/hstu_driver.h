@@ -406,10 +406,9 @@ void forward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t*
 // ============================================================================ backward
 
 // A (sequence, head group) whose keys were cut over several backward tasks: each task sums its
-// key range's dQ^T into its own partial (parts of [dqkM x lddqt] per head, at base), added up
-// once they are all done.
-// Part p: at base + p x size (size: one part's elements, hg heads); its first query block at
-// q0[first + p] (its columns below are not written).
+// key range's dQ^T into its own partial, added up once they are all done.  Part p ([dqkM x
+// lddqt] per head) is at base + p x size (size: one part's elements, all the group's heads); its
+// first query block at part_q0[first + p] (its columns are counted from there).
 struct DqSplit {
   int64_t b, h0, parts, first, base, size;
 };

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace torchrec_ascend {
@@ -29,6 +30,13 @@ std::vector<double> interleaved_median_seconds(size_t n, int rounds, Run run) {
     med[i] = times[i][times[i].size() / 2];
   }
   return med;
+}
+
+// The next of a fixed pseudo-random sequence (xorshift64; `state` nonzero): the candidates'
+// inputs, the same on every run.
+inline uint64_t next_fixed_random(uint64_t& state) {
+  state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+  return state;
 }
 
 // The index of the smallest entry (the first of equals).

@@ -501,11 +501,9 @@ static bool prefetch_scatter_pays() {
     constexpr int64_t n = int64_t(1) << 17;
     std::vector<int64_t> perm(n), out(n);
     for (int64_t i = 0; i < n; ++i) perm[i] = i;
-    uint64_t x = 0x9E3779B97F4A7C15ull;  // xorshift: a fixed shuffle
-    for (int64_t i = n - 1; i > 0; --i) {
-      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-      std::swap(perm[i], perm[static_cast<int64_t>(x % static_cast<uint64_t>(i + 1))]);
-    }
+    uint64_t x = 0x9E3779B97F4A7C15ull;  // a fixed shuffle
+    for (int64_t i = n - 1; i > 0; --i)
+      std::swap(perm[i], perm[static_cast<int64_t>(next_fixed_random(x) % static_cast<uint64_t>(i + 1))]);
     const std::vector<double> med = interleaved_median_seconds(2, 9, [&](size_t i) {
       if (i == 0) scatter_positions<true>(perm.data(), out.data(), n);
       else scatter_positions<false>(perm.data(), out.data(), n);
