@@ -151,12 +151,23 @@ void check_offsets(const std::vector<int64_t>& offs, int64_t n_bags, int64_t N) 
 //    to the L2's stream prefetcher (the row is one ascending run): fewer software prefetches
 //    hold fewer of the L1's miss buffers.  Quick-shape forward against fbgemm (thread CPU time,
 //    alternating): all 16 lines 8 ahead 1.005x, 8 lines 12 ahead 0.97x, 12 lines 10 ahead
-//    0.96x, none 1.03x.  2-core Intel Xeon, AVX-512, 480 MB L3 reported.
+//    0.96x, none 1.03x.  2-core Intel Xeon, AVX-512, 480 MB L3 reported.  The AVX2 sum asks for
+//    every line of its block, llc_ahead_avx2() rows on: about kLlcLinesInFlight lines in flight.
 //  * kCache: slices of the output gradient, which sits in L2 (the backward's per-row sums): only
 //    the L1 stage, kCacheAhead positions on.
 enum class Source { kMemory, kLlc, kCache };
 constexpr int64_t kFarAhead = 32, kNearAhead = 8, kCacheAhead = 16;
 constexpr int64_t kLlcAhead = 10, kLlcLines = 12;
+// The AVX2 kLlc sum's rows ahead for a block of kV registers (kV / 2 lines of a row): about 40
+// lines in flight, 5 to 16 rows on.  Full-shape forwards (D=256, 4 x 50k rows, AMD EPYC Zen 2,
+// against fbgemm, alternating, thread CPU time): the two 128-column passes of the sum 8 ahead
+// 1.03-1.04x, 5 ahead 1.00-1.01x (3: 1.05x, 4 and 6: 1.01-1.02x); the weighted sum's third pass
+// (16 columns, one line a row) 5 ahead 1.02x, 10 ahead 1.005-1.009x, 16 ahead 0.997-1.003x, 40
+// ahead 1.02x.
+constexpr int64_t kLlcLinesInFlight = 40;
+constexpr int64_t llc_ahead_avx2(int kV) {
+  return std::clamp<int64_t>(kLlcLinesInFlight / std::max(kV / 2, 1), 5, 16);
+}
 // Weights up to half the LLC count as resident: the full-shape forward (4 x 50k rows, 205 MB;
 // the Xeon reports 480 MB) took 0.93-0.95x fbgemm's time on the kLlc path against 0.98-1.00x on
 // kMemory (6 alternating runs, thread CPU time).
@@ -172,16 +183,32 @@ inline T* opaque(T* p) {
   return p;
 }
 
+// The pooling kernels take the rows they sum as `Rows`, where rows[i] is row i's first float:
+// an array of row pointers (const float* const*: the backward's gradient slices) or IndexedRows.
+
+// Rows of one table addressed by their indices: row i is base + idx[i] * D (the indices checked
+// first: any_row_outside).  The pooled forward sums these, as fbgemm's kernel does; a pass writing
+// the chunk's checked row pointers for the sums to read back cost ~2.5% of the full-shape forward
+// (perf, AMD EPYC Zen 2, AVX2, where that pass was scalar).
+template <typename index_t>
+struct IndexedRows {
+  const float* base;
+  const index_t* idx;
+  int64_t D;
+  const float* operator[](int64_t i) const { return base + static_cast<int64_t>(idx[i]) * D; }
+};
+
 // rows[i + ahead] where that is readable (rows[] may run past the bag into the next ones:
 // n_ahead rows are readable), else rows[i], which is already cached: a branch-free prefetch.
-inline const char* row_ahead(const float* const* rows, int64_t i, int64_t ahead, int64_t n_ahead,
+template <typename Rows>
+inline const char* row_ahead(const Rows& rows, int64_t i, int64_t ahead, int64_t n_ahead,
                              int64_t d0) {
   return opaque(reinterpret_cast<const char*>(rows[i + ahead < n_ahead ? i + ahead : i] + d0));
 }
 
 // The whole row kFarAhead positions on into L2 (kMemory only), D floats.
-template <Source kSrc>
-inline void prefetch_far(const float* const* rows, int64_t i, int64_t n_ahead, int64_t D) {
+template <Source kSrc, typename Rows>
+inline void prefetch_far(const Rows& rows, int64_t i, int64_t n_ahead, int64_t D) {
   if constexpr (kSrc == Source::kMemory) {
     const char* p = row_ahead(rows, i, kFarAhead, n_ahead, 0);
     for (int64_t b = 0; b < D * 4; b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
@@ -190,47 +217,73 @@ inline void prefetch_far(const float* const* rows, int64_t i, int64_t n_ahead, i
 
 constexpr int64_t near_ahead(Source src) { return src == Source::kCache ? kCacheAhead : kNearAhead; }
 
-// o[0, D) += sum_i s[i] * rows[i][0, D) (s == nullptr: all 1), fp32 with AVX2/FMA: columns in
-// blocks of 8 kV held in kV registers across all rows of the bag (the output is read and written
-// once per block, not once per row); the same block of a row ahead is prefetched into L1 and, in
-// the first block's pass, the whole row further ahead into L2 (see Source).  The weighted and
-// unweighted sums are separate loops (no per-row test of s).  Blocks of 128 columns (all sixteen
-// registers: the adds take their row operand from memory) read a D=256 row in two passes, not
-// four: quick-shape forward 1.08-1.13x -> 1.02-1.05x fbgemm's time (AMD EPYC Zen 2, AVX2; the
-// weighted sum keeps two of its sixteen sums on the stack, beside the scale's register).
-template <bool kWeighted, Source kSrc, int kV>
-__attribute__((target("avx2,fma"))) inline void pool_block_avx2(
-    float* o, const float* const* rows, const float* s, int64_t n, int64_t n_ahead, int64_t d0,
-    int64_t D) {
-  __m256 a[kV];
+// Asks for p's line into L1 after v is computed, in program order (v is only named: the
+// instruction does not read it).  With _mm_prefetch GCC hoisted a row's eight prefetches above its
+// sixteen adds, and perf put 16% of the quick-shape sum's samples on one of them (a burst of
+// prefetches waits for the L1's miss buffers); so they stay between the adds, as in fbgemm's kernel.
+__attribute__((target("avx2"), always_inline)) inline void prefetch_after(const char* p, __m256 v) {
+  asm volatile("prefetcht0 %1" : : "x"(v), "m"(*p));
+}
+
+// Adds row i's block (d0 on, 8 kV columns; times s[i] when kWeighted) to a[], asking for the same
+// block of row `ahead` (a row pointer) into L1 when kPrefetch.
+template <bool kWeighted, bool kPrefetch, int kV, typename Rows>
+__attribute__((target("avx2,fma"), always_inline)) inline void add_row_block_avx2(
+    __m256* a, const Rows& rows, const float* s, int64_t i, const float* ahead, int64_t d0) {
+  const char* p = nullptr;
+  if constexpr (kPrefetch) p = opaque(reinterpret_cast<const char*>(ahead + d0));
+  const float* r = opaque(rows[i] + d0);
+  if constexpr (kWeighted) {
+    const __m256 sv = _mm256_set1_ps(s[i]);
 #pragma GCC unroll 16
-  for (int j = 0; j < kV; ++j) a[j] = _mm256_loadu_ps(o + d0 + 8 * j);
-  for (int64_t i = 0; i < n; ++i) {
-    if (d0 == 0) prefetch_far<kSrc>(rows, i, n_ahead, D);
-    const char* p = row_ahead(rows, i, near_ahead(kSrc), n_ahead, d0);
-    const float* r = opaque(rows[i] + d0);
-    if constexpr (kWeighted) {
-      const __m256 sv = _mm256_set1_ps(s[i]);
+    for (int j = 0; j < kV; ++j) {
+      a[j] = _mm256_fmadd_ps(sv, _mm256_loadu_ps(r + 8 * j), a[j]);
+      if (kPrefetch && j % 2 == 0) prefetch_after(p + 32 * j, a[j]);
+    }
+  } else {
 #pragma GCC unroll 16
-      for (int j = 0; j < kV; ++j) {
-        a[j] = _mm256_fmadd_ps(sv, _mm256_loadu_ps(r + 8 * j), a[j]);
-        if (j % 2 == 0) _mm_prefetch(p + 32 * j, _MM_HINT_T0);
-      }
-    } else {
-#pragma GCC unroll 16
-      for (int j = 0; j < kV; ++j) {
-        a[j] = _mm256_add_ps(_mm256_loadu_ps(r + 8 * j), a[j]);
-        if (j % 2 == 0) _mm_prefetch(p + 32 * j, _MM_HINT_T0);
-      }
+    for (int j = 0; j < kV; ++j) {
+      a[j] = _mm256_add_ps(_mm256_loadu_ps(r + 8 * j), a[j]);
+      if (kPrefetch && j % 2 == 0) prefetch_after(p + 32 * j, a[j]);
     }
   }
+}
+
+// o[0, D) = sum_i s[i] * rows[i][0, D) (s == nullptr: all 1; 0 for no rows), fp32 with AVX2/FMA:
+// columns in blocks of 8 kV held in kV registers across all rows of the bag (the output is
+// written once per block, not once per row, and need not be zeroed first); the same block of a
+// row ahead (llc_ahead_avx2 for kLlc, else near_ahead) is prefetched into L1 and, in the first
+// block's pass, the whole row further ahead into L2 (see Source).  The rows with no readable row
+// that far on (the chunk's last few) are summed by a second loop without the prefetch, so the
+// main loop has no per-row clamp of the row ahead (full-shape forward 8 rows ahead, Zen 2:
+// 1.03-1.04x -> 1.01-1.03x fbgemm's time).  The weighted and
+// unweighted sums are separate loops (no per-row test of s).  Blocks of 128 columns (all sixteen
+// registers: the adds take their row operand from memory) read a D=256 row in two passes, not
+// four: quick-shape forward 1.08-1.13x -> 1.02-1.05x fbgemm's time (AMD EPYC Zen 2, AVX2); the
+// weighted sum's blocks are of 120 (fifteen sums beside the scale's register; sixteen kept two
+// of them on the stack).
+template <bool kWeighted, Source kSrc, int kV, typename Rows>
+__attribute__((target("avx2,fma"))) inline void pool_block_avx2(
+    float* o, const Rows& rows, const float* s, int64_t n, int64_t n_ahead, int64_t d0,
+    int64_t D) {
+  constexpr int64_t ahead = kSrc == Source::kLlc ? llc_ahead_avx2(kV) : near_ahead(kSrc);
+  const int64_t n_main = std::max<int64_t>(0, std::min(n, n_ahead - ahead));
+  __m256 a[kV];
+#pragma GCC unroll 16
+  for (int j = 0; j < kV; ++j) a[j] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i < n_main; ++i) {
+    if (d0 == 0) prefetch_far<kSrc>(rows, i, n_ahead, D);
+    add_row_block_avx2<kWeighted, true, kV>(a, rows, s, i, rows[i + ahead], d0);
+  }
+  for (; i < n; ++i) add_row_block_avx2<kWeighted, false, kV>(a, rows, s, i, nullptr, d0);
 #pragma GCC unroll 16
   for (int j = 0; j < kV; ++j) _mm256_storeu_ps(o + d0 + 8 * j, a[j]);
 }
 
 // The blocks of 8 kV columns from d0 on while whole ones fit D (d0 is left after the last).
-template <Source kSrc, int kV>
-__attribute__((target("avx2,fma"))) inline void pool_blocks_avx2(float* o, const float* const* rows, const float* s,
+template <Source kSrc, int kV, typename Rows>
+__attribute__((target("avx2,fma"))) inline void pool_blocks_avx2(float* o, const Rows& rows, const float* s,
                                                                  int64_t n, int64_t n_ahead, int64_t& d0, int64_t D) {
   for (; d0 + 8 * kV <= D; d0 += 8 * kV) {
     if (s) {
@@ -241,13 +294,21 @@ __attribute__((target("avx2,fma"))) inline void pool_blocks_avx2(float* o, const
   }
 }
 
-template <Source kSrc>
+template <Source kSrc, typename Rows>
 __attribute__((target("avx2,fma")))
-void pool_f32_avx2(float* o, const float* const* rows, const float* s, int64_t n, int64_t n_ahead, int64_t D) {
+void pool_f32_avx2(float* o, const Rows& rows, const float* s, int64_t n, int64_t n_ahead, int64_t D) {
   int64_t d0 = 0;
-  pool_blocks_avx2<kSrc, 16>(o, rows, s, n, n_ahead, d0, D);
+  if (s) {
+    pool_blocks_avx2<kSrc, 15>(o, rows, s, n, n_ahead, d0, D);
+  } else {
+    pool_blocks_avx2<kSrc, 16>(o, rows, s, n, n_ahead, d0, D);
+  }
   pool_blocks_avx2<kSrc, 8>(o, rows, s, n, n_ahead, d0, D);
+  pool_blocks_avx2<kSrc, 4>(o, rows, s, n, n_ahead, d0, D);
+  pool_blocks_avx2<kSrc, 2>(o, rows, s, n, n_ahead, d0, D);
+  pool_blocks_avx2<kSrc, 1>(o, rows, s, n, n_ahead, d0, D);
   if (d0 < D) {
+    std::fill(o + d0, o + D, 0.0f);
     for (int64_t i = 0; i < n; ++i) {
       const float f = s ? s[i] : 1.0f;
       for (int64_t d = d0; d < D; ++d) o[d] += f * rows[i][d];
@@ -261,12 +322,12 @@ inline bool have_avx512() { return isa() >= Isa::kAvx512; }
 
 // pool_f32_avx2 with AVX-512: columns in blocks of 256 held in sixteen zmm registers, so a row of
 // up to 256 floats is read in one pass (the blocks of 64 read a D=256 row four times).
-template <bool kWeighted, Source kSrc>
+template <bool kWeighted, Source kSrc, typename Rows>
 __attribute__((target("avx512f"))) inline void pool_block_avx512(
-    float* o, const float* const* rows, const float* s, int64_t n, int64_t n_ahead, int64_t d0,
+    float* o, const Rows& rows, const float* s, int64_t n, int64_t n_ahead, int64_t d0,
     int64_t D) {
   __m512 a[16];
-  for (int j = 0; j < 16; ++j) a[j] = _mm512_loadu_ps(o + d0 + 16 * j);
+  for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; ++i) {
     if (d0 == 0) prefetch_far<kSrc>(rows, i, n_ahead, D);
     constexpr int64_t kAheadRows = kSrc == Source::kLlc ? kLlcAhead : near_ahead(kSrc);
@@ -284,9 +345,9 @@ __attribute__((target("avx512f"))) inline void pool_block_avx512(
   for (int j = 0; j < 16; ++j) _mm512_storeu_ps(o + d0 + 16 * j, a[j]);
 }
 
-template <Source kSrc>
+template <Source kSrc, typename Rows>
 __attribute__((target("avx512f")))
-void pool_f32_avx512(float* o, const float* const* rows, const float* s, int64_t n, int64_t n_ahead,
+void pool_f32_avx512(float* o, const Rows& rows, const float* s, int64_t n, int64_t n_ahead,
                      int64_t D) {
   int64_t d0 = 0;
   for (; d0 + 256 <= D; d0 += 256) {
@@ -297,7 +358,7 @@ void pool_f32_avx512(float* o, const float* const* rows, const float* s, int64_t
     }
   }
   for (; d0 + 16 <= D; d0 += 16) {  // the rest, sixteen columns at a time
-    __m512 a = _mm512_loadu_ps(o + d0);
+    __m512 a = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; ++i) {
       if (d0 == 0) prefetch_far<kSrc>(rows, i, n_ahead, D);  // D < 256: no block pass did
       a = _mm512_fmadd_ps(_mm512_set1_ps(s ? s[i] : 1.0f), _mm512_loadu_ps(rows[i] + d0), a);
@@ -305,6 +366,7 @@ void pool_f32_avx512(float* o, const float* const* rows, const float* s, int64_t
     _mm512_storeu_ps(o + d0, a);
   }
   if (d0 < D) {
+    std::fill(o + d0, o + D, 0.0f);
     for (int64_t i = 0; i < n; ++i) {
       const float f = s ? s[i] : 1.0f;
       for (int64_t d = d0; d < D; ++d) o[d] += f * rows[i][d];
@@ -314,8 +376,8 @@ void pool_f32_avx512(float* o, const float* const* rows, const float* s, int64_t
 
 // The pooled sum of one bag (or one row's gradient) on the widest path the CPU has (callers
 // check have_avx2() first).
-template <Source kSrc>
-inline void pool_f32(float* o, const float* const* rows, const float* s, int64_t n, int64_t n_ahead,
+template <Source kSrc, typename Rows>
+inline void pool_f32(float* o, const Rows& rows, const float* s, int64_t n, int64_t n_ahead,
                      int64_t D) {
   if (have_avx512()) {
     pool_f32_avx512<kSrc>(o, rows, s, n, n_ahead, D);
@@ -338,14 +400,14 @@ static bool far_prefetch_pays() {
     constexpr int64_t kD = 256, kRows = (int64_t(64) << 20) / (kD * 4), kBag = 64, kBags = 64, kRounds = 7;
     constexpr int64_t kPerRun = kBag * kBags;
     std::vector<float> table(kRows * kD, 1.0f), out(kD);
-    std::vector<const float*> rows(kPerRun * 2 * (kRounds + 1));
+    std::vector<int64_t> idx(kPerRun * 2 * (kRounds + 1));
     uint64_t x = 0x9E3779B97F4A7C15ull;  // fixed random rows
-    for (auto& r : rows) r = table.data() + static_cast<int64_t>(next_fixed_random(x) % static_cast<uint64_t>(kRows)) * kD;
+    for (auto& r : idx) r = static_cast<int64_t>(next_fixed_random(x) % static_cast<uint64_t>(kRows));
     int64_t run = 0;
     const std::vector<double> med = interleaved_median_seconds(2, kRounds, [&](size_t i) {
-      const float* const* rp = rows.data() + (run++) * kPerRun;  // rows no earlier run read
+      const int64_t* rp = idx.data() + (run++) * kPerRun;  // rows no earlier run read
       for (int64_t b = 0; b < kBags; ++b) {
-        const float* const* bag = rp + b * kBag;
+        const IndexedRows<int64_t> bag{table.data(), rp + b * kBag, kD};
         const int64_t ahead = kPerRun - b * kBag;
         if (i == 0) pool_f32<Source::kMemory>(out.data(), bag, nullptr, kBag, ahead, kD);
         else pool_f32<Source::kLlc>(out.data(), bag, nullptr, kBag, ahead, kD);
@@ -419,42 +481,27 @@ inline __attribute__((always_inline)) void check_row(int64_t start, int64_t D, i
   }
 }
 
-// rp[i] = w + base + idx[i] * D for the leading i in [0, n) whose rows lie inside the weights
-// (wn floats), eight at a time with AVX-512; returns how many it wrote (the caller does the rest
-// with check_row, which names a bad index).  The pooled forward's row-pointer pass cost ~1.5% of
-// the quick-shape forward as a scalar loop (2-core Intel Xeon).  Rows must be addressable with
-// 32-bit row numbers and strides (the lanes multiply their low halves); otherwise it writes none.
+// Whether an index of idx[0, n) lies outside [0, last], four at a time with AVX2 (callers check
+// have_avx2()); the caller finds the bad one (check_row names it).  Checking a bag just before
+// summing it brings its indices into L1 for the sum.
 template <typename index_t>
-__attribute__((target("avx512f"))) int64_t row_pointers_avx512(const float** rp, const float* w,
-                                                               const index_t* idx, int64_t n,
-                                                               int64_t base, int64_t D,
-                                                               int64_t wn) {
-  const int64_t room = wn - base - D;  // the last row's start, relative to base
-  const int64_t stride = D * static_cast<int64_t>(sizeof(float));
-  if (room < 0 || D <= 0 || room / D >= (int64_t{1} << 32) || stride >= (int64_t{1} << 32)) {
-    return 0;
-  }
-  const __m512i last = _mm512_set1_epi64(room / D);  // the largest valid row number
-  const __m512i first = _mm512_set1_epi64(reinterpret_cast<int64_t>(w + base));
-  const __m512i step = _mm512_set1_epi64(stride);
+__attribute__((target("avx2"))) bool any_row_outside(const index_t* idx, int64_t n, uint64_t last) {
+  const int64_t top = static_cast<int64_t>(std::min<uint64_t>(last, INT64_MAX));
+  const __m256i hi = _mm256_set1_epi64x(top), zero = _mm256_setzero_si256();
+  __m256i bad = zero;
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m512i x;
+  for (; i + 4 <= n; i += 4) {
+    __m256i x;
     if constexpr (sizeof(index_t) == 8) {
-      x = _mm512_loadu_si512(idx + i);
+      x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + i));
     } else {
-      x = _mm512_cvtepi32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + i)));
+      x = _mm256_cvtepi32_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(idx + i)));
     }
-    if (_mm512_cmpgt_epu64_mask(x, last) != 0) break;  // negative ones too (unsigned compare)
-    _mm512_storeu_si512(rp + i, _mm512_add_epi64(first, _mm512_mul_epu32(x, step)));
+    bad = _mm256_or_si256(bad, _mm256_or_si256(_mm256_cmpgt_epi64(x, hi), _mm256_cmpgt_epi64(zero, x)));
   }
-  return i;
-}
-
-template <typename index_t>
-inline int64_t row_pointers_vector(const float** rp, const float* w, const index_t* idx, int64_t n,
-                                   int64_t base, int64_t D, int64_t wn) {
-  return have_avx512() ? row_pointers_avx512(rp, w, idx, n, base, D, wn) : 0;
+  bool out = !_mm256_testz_si256(bad, bad);
+  for (; i < n; ++i) out |= idx[i] < 0 || static_cast<int64_t>(idx[i]) > top;
+  return out;
 }
 
 at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offsets,
@@ -497,39 +544,32 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
       const bool blocked = std::is_same_v<scalar_t, float> && have_avx2();
       // the blocked sum for where the weights' rows come from (see Source; far_prefetch_pays)
       const bool resident = fits_llc(wn * static_cast<int64_t>(sizeof(scalar_t)), kWeightsLlcShare);
-      const auto pool = blocked && !resident && use_far_prefetch() ? &pool_f32<Source::kMemory>
-                                                                     : &pool_f32<Source::kLlc>;
+      using Rows = IndexedRows<index_t>;
+      const auto pool = blocked && !resident && use_far_prefetch() ? &pool_f32<Source::kMemory, Rows>
+                                                                     : &pool_f32<Source::kLlc, Rows>;
       parallel_over(T * B, work, [&](int64_t k0, int64_t k1) {
         RowPrefetcher<scalar_t, index_t> ahead{offs, w_off, dims.data(), 0, B, offs[k1], wn, wp, ip, k0};
-        // fp32 on AVX2: the chunk's row pointers first (checked), then the blocked sum per bag
-        thread_local std::vector<const float*> rows_tls;  // reused: no page faults per call
-        auto& rows = rows_tls;  // one TLS lookup (a call in a shared object), not one per use
-        if (blocked) {
-          rows.resize(offs[k1] - offs[k0]);
-          const float** rp = rows.data() - offs[k0];
-          const float* wf = reinterpret_cast<const float*>(wp);
-          for (int64_t k = k0; k < k1; ++k) {
-            const int64_t t = k / B, D = dims[t], base = w_off[t];
-            int64_t i = offs[k] + row_pointers_vector(rp + offs[k], wf, ip + offs[k],
-                                                      offs[k + 1] - offs[k], base, D, wn);
-            for (; i < offs[k + 1]; ++i) {  // the rest, and a row outside the weights (raises)
-              const int64_t start = base + static_cast<int64_t>(ip[i]) * D;
-              check_row(start, D, wn, i, ip[i]);
-              rp[i] = wf + start;
-            }
-          }
-        }
         for (int64_t k = k0; k < k1; ++k) {
           const int64_t t = k / B, b = k % B;
           const int64_t D = d_off[t + 1] - d_off[t];
           acc* o = op + b * total_D + d_off[t];
-          if (bags_cover) std::memset(static_cast<void*>(o), 0, sizeof(acc) * D);
+          // the blocked sums write the bag's slice; the scalar loop adds to it
+          if (bags_cover && !blocked) std::memset(static_cast<void*>(o), 0, sizeof(acc) * D);
           if (blocked) {
-            const int64_t first = offs[k] - offs[k0];
-            const float* sw = iwp ? reinterpret_cast<const float*>(iwp) + offs[k] : nullptr;
-            const int64_t ahead_n = static_cast<int64_t>(rows.size()) - first;
-            pool(reinterpret_cast<float*>(o), rows.data() + first, sw, offs[k + 1] - offs[k],
-                 ahead_n, D);
+            // fp32 on AVX2: the bag's indices checked (a bad one raises, named), then its blocked
+            // sum, prefetching rows ahead up to the end of the chunk's bags of this table (one base)
+            const int64_t base = w_off[t], first = offs[k], n = offs[k + 1] - first;
+            const int64_t room = D > 0 ? wn - base - D : -1;  // the last row's start
+            if (room < 0 || any_row_outside(ip + first, n, static_cast<uint64_t>(room / D))) {
+              for (int64_t i = first; i < first + n; ++i) {
+                check_row(base + static_cast<int64_t>(ip[i]) * D, D, wn, i, ip[i]);
+              }
+            }
+            const float* sw = iwp ? reinterpret_cast<const float*>(iwp) + first : nullptr;
+            const int64_t n_ahead = offs[std::min(k1, (t + 1) * B)] - first;
+            pool(reinterpret_cast<float*>(o),
+                 IndexedRows<index_t>{reinterpret_cast<const float*>(wp) + base, ip + first, D}, sw,
+                 n, n_ahead, D);
           } else {
             for (int64_t i = offs[k]; i < offs[k + 1]; ++i) {
               const int64_t start = w_off[t] + static_cast<int64_t>(ip[i]) * D;
@@ -841,7 +881,6 @@ void for_each_row(const Lookup& L, const Rows& r, const acc* grad, int64_t strid
         const int64_t first = seg[u] - j0, n = seg[u + 1] - seg[u];
         const float* sf = scaled ? facs.data() + first : nullptr;
         if (fused(hits[seg[u]].key, t0, idx0, D, srcs.data() + first, sf, n, nj - first)) continue;
-        std::fill(g.begin(), g.begin() + D, acc(0));
         float* gf = reinterpret_cast<float*>(g.data());
         pool_f32<Source::kCache>(gf, srcs.data() + first, sf, n, nj - first, D);
       } else {

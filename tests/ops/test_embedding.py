@@ -818,12 +818,15 @@ def test_pooled_forward_vector_paths_match_scalar_path(cap, llc, far, pm, weight
     """The forward's AVX-512 / AVX2 sums against the scalar loop, with weights in memory (no LLC)
     on both prefetch paths (two-stage: rows far ahead into L2, near ahead into L1, across bag ends;
     and the L1 stage alone, which far_prefetch_pays picks where the far stage costs) and in the
-    LLC (a 1 TiB one: the L1 stage only), on dims 256 / 48 / 20 / 272 (a 256-block plus blocks of
-    16 plus a tail) and ragged bags of length 0, 1 and max (40 > the 32-row prefetch distance)."""
+    LLC (a 1 TiB one: the L1 stage only), on dims 256 / 48 / 20 / 272 / 136 (every AVX2 block
+    width: 128 and 120 (weighted), 64, 32, 16 and 8 columns, and a tail; AVX-512: a 256-block plus
+    blocks of 16 plus a tail) and ragged bags of length 0, 1 and max (40 > the 32-row prefetch
+    distance)."""
     torch.manual_seed(23)
     llc_bytes(llc)
     far_prefetch(far)
-    x = _tbe(dims=(256, 48, 20, 272), rows=(50, 40, 30, 20), B=7, max_L=40, weighted=weighted)
+    x = _tbe(dims=(256, 48, 20, 272, 136), rows=(50, 40, 30, 20, 25), B=7, max_L=40,
+             weighted=weighted)
     name = "split_embedding_codegen_forward_weighted_pt2_wrapper" if weighted else \
         "split_embedding_codegen_forward_unweighted_pt2_wrapper"
     with _forced("cpu_kernel", name):
@@ -840,9 +843,9 @@ def test_pooled_forward_vector_paths_match_scalar_path(cap, llc, far, pm, weight
 @pytest.mark.parametrize("idx_dtype", [torch.int32, torch.int64])
 def test_pooled_forward_names_an_index_outside_the_weights(cap, idx_dtype, isa_cap):
     """An index whose row lies outside the weights (the last table's row count, -1, or a huge
-    one) raises a ValueError naming its position and value wherever it lies: the AVX-512
-    row-pointer pass takes eight indices per step, so positions 0, 5, 8, 13 and the tail 18 of a
-    19-index bag of the last table are each tried."""
+    one) raises a ValueError naming its position and value wherever it lies: the AVX2 check of a
+    bag takes four indices per step, so positions 0, 5, 8, 13 and the tail 18 of a 19-index bag of
+    the last table are each tried."""
     name = "split_embedding_codegen_forward_unweighted_pt2_wrapper"
     torch.manual_seed(5)
     rows = (9, 11, 7)
