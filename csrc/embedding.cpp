@@ -374,8 +374,8 @@ void pool_f32_avx512(float* o, const Rows& rows, const float* s, int64_t n, int6
   }
 }
 
-// The pooled sum of one bag (or one row's gradient) on the widest path the CPU has (callers
-// check have_avx2() first).
+// The pooled sum of one bag (or one row's gradient), written to o[0, D) (no need to zero it), on
+// the widest path the CPU has (callers check have_avx2() first).
 template <Source kSrc, typename Rows>
 inline void pool_f32(float* o, const Rows& rows, const float* s, int64_t n, int64_t n_ahead,
                      int64_t D) {
