@@ -256,12 +256,11 @@ __attribute__((target("avx2,fma"), always_inline)) inline void add_row_block_avx
 // block's pass, the whole row further ahead into L2 (see Source).  The rows with no readable row
 // that far on (the chunk's last few) are summed by a second loop without the prefetch, so the
 // main loop has no per-row clamp of the row ahead (full-shape forward 8 rows ahead, Zen 2:
-// 1.03-1.04x -> 1.01-1.03x fbgemm's time).  The weighted and
-// unweighted sums are separate loops (no per-row test of s).  Blocks of 128 columns (all sixteen
-// registers: the adds take their row operand from memory) read a D=256 row in two passes, not
-// four: quick-shape forward 1.08-1.13x -> 1.02-1.05x fbgemm's time (AMD EPYC Zen 2, AVX2); the
-// weighted sum's blocks are of 120 (fifteen sums beside the scale's register; sixteen kept two
-// of them on the stack).
+// 1.03-1.04x -> 1.01-1.03x fbgemm's time).  The weighted and unweighted sums are separate loops
+// (no per-row test of s).  Blocks of 128 columns (all sixteen registers: the adds take their row
+// operand from memory) read a D=256 row in two passes, not four: quick-shape forward
+// 1.08-1.13x -> 1.02-1.05x fbgemm's time (AMD EPYC Zen 2, AVX2); the weighted sum's blocks are of
+// 120 (fifteen sums beside the scale's register; sixteen kept two of them on the stack).
 template <bool kWeighted, Source kSrc, int kV, typename Rows>
 __attribute__((target("avx2,fma"))) inline void pool_block_avx2(
     float* o, const Rows& rows, const float* s, int64_t n, int64_t n_ahead, int64_t d0,
@@ -485,9 +484,8 @@ inline __attribute__((always_inline)) void check_row(int64_t start, int64_t D, i
 // have_avx2()); the caller finds the bad one (check_row names it).  Checking a bag just before
 // summing it brings its indices into L1 for the sum.
 template <typename index_t>
-__attribute__((target("avx2"))) bool any_row_outside(const index_t* idx, int64_t n, uint64_t last) {
-  const int64_t top = static_cast<int64_t>(std::min<uint64_t>(last, INT64_MAX));
-  const __m256i hi = _mm256_set1_epi64x(top), zero = _mm256_setzero_si256();
+__attribute__((target("avx2"))) bool any_row_outside(const index_t* idx, int64_t n, int64_t last) {
+  const __m256i hi = _mm256_set1_epi64x(last), zero = _mm256_setzero_si256();
   __m256i bad = zero;
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) {
@@ -500,7 +498,7 @@ __attribute__((target("avx2"))) bool any_row_outside(const index_t* idx, int64_t
     bad = _mm256_or_si256(bad, _mm256_or_si256(_mm256_cmpgt_epi64(x, hi), _mm256_cmpgt_epi64(zero, x)));
   }
   bool out = !_mm256_testz_si256(bad, bad);
-  for (; i < n; ++i) out |= idx[i] < 0 || static_cast<int64_t>(idx[i]) > top;
+  for (; i < n; ++i) out |= idx[i] < 0 || static_cast<int64_t>(idx[i]) > last;
   return out;
 }
 
@@ -560,7 +558,7 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
             // sum, prefetching rows ahead up to the end of the chunk's bags of this table (one base)
             const int64_t base = w_off[t], first = offs[k], n = offs[k + 1] - first;
             const int64_t room = D > 0 ? wn - base - D : -1;  // the last row's start
-            if (room < 0 || any_row_outside(ip + first, n, static_cast<uint64_t>(room / D))) {
+            if (room < 0 || any_row_outside(ip + first, n, room / D)) {
               for (int64_t i = first; i < first + n; ++i) {
                 check_row(base + static_cast<int64_t>(ip[i]) * D, D, wn, i, ip[i]);
               }
