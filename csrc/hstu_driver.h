@@ -16,7 +16,7 @@
 // of S for segment s + 1 and of O += P V for segment s - 1 (the matrix unit and the vector
 // units work at once; the sums are the same, in the same order).
 // Backward: tasks (sequence, its heads (engines without kGroupHeads: one head), range of key
-// blocks: a long sequence is cut so the tasks balance over the threads); key blocks of kBwdKeys
+// blocks: a long sequence is cut where the work's equal parts meet, row_tasks); key blocks of kBwdKeys
 // outside, the heads, then query blocks of kBwdRows inside, in the key orientation: S^T = K Q^T,
 // dP^T = V dO^T, then P^T, dS^T; dV += P^T dO and dK += dS^T Q stay in the block's accumulators,
 // dQ^T += K^T dS^T accumulates over the key blocks (a cut sequence's tasks each into a partial,
@@ -45,8 +45,8 @@
 //   Thread                          RAII per-thread state (AMX: the tile configuration)
 //   kGroupHeads                     backward tasks take all of a sequence's heads (sharing the
 //                                   bias strips) or one head each
-//   kTasksPerThread                 with several threads a backward task is at most about
-//                                   1 / (kTasksPerThread x threads) of the work
+//   kPartsPerThread                 the backward's parts of equal work per thread (row_tasks):
+//                                   more even the threads out finer, each may cost a cut sequence
 #pragma once
 
 #include <cmath>
@@ -179,51 +179,77 @@ inline double norm_of(int64_t n, int64_t max_seq_len, bool by_len) {
 // ============================================================================ tasks
 
 // Rows [r0, r1) of sequence b (h: the head, for tasks that have one): query rows in the forward,
-// keys in the backward.  split / part: a backward task of a sequence cut into several key ranges
-// (the index of its dQ^T partial set and its part in it; -1: the task writes dQ itself).
+// keys in the backward; cost: rows_cost of them.  split / part: a backward task of a sequence cut
+// into several key ranges (the index of its dQ^T partial set and its part in it; -1: the task
+// writes dQ itself).
 struct RowTask {
-  int64_t b, h, r0, r1, cost;
+  int64_t b, h, r0, r1;
+  double cost;
   int64_t split = -1, part = 0;
 };
 
 // What a row costs: the keys a query row sees (i + 1), or the queries that see a key (n - j).
 enum class RowCost { kQueries, kKeys };
 
-// Tasks over rows of the sequences (and, with `per_head`, of each head), a long sequence cut into
-// row ranges (multiples of `step` rows) so that no task holds more than about
-// 1 / (tasks_per_thread x threads) of the work: dynamic scheduling then balances the heavy tail.
-// In order of sequence, head, rows (sort_by_cost_desc orders them for the schedule).
+// What a row costs besides its (query, key) pairs, in pairs: its operands' copies and its tiles'
+// padding.  One thread, eight heads, d = 64, the AVX2 engine, AMD EPYC Zen 2, 4096 tokens in
+// equal sequences of 32 .. 2048 tokens: forward time = 34 ns a pair + 1.8 us a row (53 pairs)
+// within 2%; backward 93-95 ns a pair + 0.4-4 us a row (more in short sequences).
+constexpr double kRowOverheadPairs = 48;
+
+// The cost of rows [a, b) of a sequence of n: the sum of (i + 1), or of (n - j), over them, plus
+// kRowOverheadPairs a row.
+inline double rows_cost(int64_t n, int64_t a, int64_t b, RowCost kind) {
+  const double A = static_cast<double>(a), Z = static_cast<double>(b);
+  const double pairs = kind == RowCost::kQueries ? (Z * (Z + 1) - A * (A + 1)) / 2
+                                                 : (Z - A) * static_cast<double>(n) - (Z * (Z - 1) - A * (A - 1)) / 2;
+  return pairs + kRowOverheadPairs * (Z - A);
+}
+
+// Tasks over the rows of the sequences (with `per_head`, of each (sequence, head)), in order of
+// sequence, head, rows.  The work is divided into parts_per_thread x threads parts of equal cost
+// laid end to end, and a sequence is cut (at a multiple of `step` rows: a step goes to the part
+// its middle falls in) only where a part boundary falls inside it: at most parts - 1 cuts, none
+// on one thread.  The drivers run the tasks heaviest first (sort_by_cost_desc), one at a time, so
+// the short ones even out the end.  Before the 13th session (2026-12-07) tasks were capped at
+// 1 / (k x threads) of the work instead: more cuts (each packs its queries or keys again; a
+// backward one also sums a dQ partial) and remainders (nine near-equal forward tasks over two
+// threads ran five against four: eight heads, max_len 4096).
 inline int64_t row_tasks(const int64_t* off, int64_t B, int64_t H, bool per_head, int64_t step, RowCost kind,
-                         double tasks_per_thread, int nthreads, Scratch<RowTask>& buf, RowTask*& out) {
+                         double parts_per_thread, int nthreads, Scratch<RowTask>& buf, RowTask*& out) {
   const int64_t hs = per_head ? H : 1;
   double total = 0;
   for (int64_t b = 0; b < B; ++b) {
-    const double n = static_cast<double>(off[b + 1] - off[b]);
-    total += n * (n + 1) / 2 * static_cast<double>(hs);
+    const int64_t n = off[b + 1] - off[b];
+    total += rows_cost(n, 0, n, kind) * static_cast<double>(hs);
   }
-  const double cap = nthreads > 1 ? total / (tasks_per_thread * nthreads) : total + 1;
+  const int64_t parts = nthreads > 1 ? imax(1, static_cast<int64_t>(parts_per_thread * nthreads + 0.5)) : 1;
+  const double per_part = total / static_cast<double>(parts);  // > 0 wherever a row is costed
   int64_t count = 0;
   for (int pass = 0; pass < 2; ++pass) {
     count = 0;
+    double done = 0;
     for (int64_t b = 0; b < B; ++b) {
       const int64_t n = off[b + 1] - off[b];
       if (n == 0) continue;
       for (int64_t h = 0; h < hs; ++h) {
-        int64_t r0 = 0;
-        while (r0 < n) {
-          int64_t r1 = r0;
-          double c = 0;
-          while (r1 < n) {
-            const double per_row = static_cast<double>(kind == RowCost::kQueries ? r1 + 1 : n - r1);
-            const double add = static_cast<double>(imin(r1 + step, n) - r1) * per_row;
-            if (r1 > r0 && c + add > cap) break;
-            c += add;
-            r1 = imin(r1 + step, n);
+        int64_t r0 = 0, part = 0;
+        double c = 0;
+        for (int64_t r = 0; r < n; r += step) {
+          const double add = rows_cost(n, r, imin(r + step, n), kind);
+          const int64_t x = imin(parts - 1, static_cast<int64_t>((done + add / 2) / per_part));
+          if (r > r0 && x != part) {
+            if (pass == 1) out[count] = {b, h, r0, r, c};
+            ++count;
+            r0 = r;
+            c = 0;
           }
-          if (pass == 1) out[count] = {b, h, r0, r1, static_cast<int64_t>(c)};
-          ++count;
-          r0 = r1;
+          part = x;
+          c += add;
+          done += add;
         }
+        if (pass == 1) out[count] = {b, h, r0, n, c};
+        ++count;
       }
     }
     if (pass == 0) out = buf.get(count);
@@ -255,8 +281,10 @@ inline void sort_by_cost_desc(RowTask* t, int64_t n) {
 
 // ============================================================================ forward
 
-// The forward's row tasks: at most about 1 / (kFwdTasksPerThread x threads) of the work each
-constexpr double kFwdTasksPerThread = 4.0;
+// The forward's parts of equal work per thread (row_tasks), its tasks cut at multiples of
+// kFwdRows rows.  Eight heads, two threads, alternating, AMD EPYC Zen 2: 1 / 2 / 4 parts gave
+// 235.6 / 236.9 / 243.4 ms at max_len 4096 and 21.2 / 21.2 / 21.8 ms at 1024.
+constexpr double kFwdPartsPerThread = 2.0;
 
 template <class E>
 void forward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t* q,
@@ -270,7 +298,7 @@ void forward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t*
   Scratch<RowTask> task_buf;
   RowTask* tasks = nullptr;
   const int64_t ntask =
-      row_tasks(P.off, P.B, H, false, kFwdBlock, RowCost::kQueries, kFwdTasksPerThread, nthreads, task_buf, tasks);
+      row_tasks(P.off, P.B, H, false, kFwdRows, RowCost::kQueries, kFwdPartsPerThread, nthreads, task_buf, tasks);
   sort_by_cost_desc(tasks, ntask);
   int64_t nmax = 0;
   for (int64_t b = 0; b < P.B; ++b) nmax = imax(nmax, P.len(b));
@@ -444,12 +472,12 @@ void backward_driver(const Problem<typename E::acc_t>& P, const typename E::in_t
 
   // Tasks: a sequence's heads together (E::kGroupHeads: they share each key block's bias strip and
   // its tables' gradient pass, dS summed over the heads first), else one head each; a long one cut
-  // into key ranges (whole key blocks) so the tasks balance over the threads.
+  // into key ranges (whole key blocks) where a part boundary falls in it (row_tasks).
   Scratch<RowTask> task_buf;
   RowTask* tasks = nullptr;
   const bool per_head = !E::kGroupHeads;
   const int64_t hg = per_head ? 1 : H;
-  const int64_t ntask = row_tasks(P.off, P.B, H, per_head, kBwdKeys, RowCost::kKeys, E::kTasksPerThread, nthreads,
+  const int64_t ntask = row_tasks(P.off, P.B, H, per_head, kBwdKeys, RowCost::kKeys, E::kPartsPerThread, nthreads,
                                   task_buf, tasks);
   // the cut (sequence, head group)s' dQ^T partials (tasks are in order of sequence, head, keys)
   Scratch<DqSplit> split_buf;

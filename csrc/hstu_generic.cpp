@@ -125,7 +125,7 @@ struct BlasEngine {
   static constexpr int64_t kRowPad = 1, kKPad = 1, kNPad = 1;
   static constexpr bool kBSeparate = false;  // dS^T's B layout is its A layout
   static constexpr bool kGroupHeads = false;  // one head per backward task (as the fp32 AVX-512 engine)
-  static constexpr double kTasksPerThread = 4.0;
+  static constexpr double kPartsPerThread = 4.0;
   struct Thread {};
 
   static int64_t b_ld(int64_t /*K*/, int64_t N) { return N; }
@@ -298,11 +298,11 @@ struct BlasEngine {
 struct F32Avx2 : BlasEngine<float> {
   static constexpr int64_t kNPad = 16;
   static constexpr bool kGroupHeads = true;
-  // two tasks' worth of work per thread: fewer key ranges (each packs the queries it sees and
-  // sums a dQ partial) and still balanced (four heads, two threads, backward, benchmark inputs,
-  // alternating: 1.5 / 2 / 3 / 4 per thread 418 / 323 / 320-333 / 350 ms at max_len 4096,
-  // 26.1 / 26.2 / 26.4 / 27.3 ms at 1024)
-  static constexpr double kTasksPerThread = 2.0;
+  // one part of the work per thread: the fewest key ranges (each packs the queries it sees and
+  // sums a dQ partial), the sequences left whole even the threads out (eight heads, two threads,
+  // backward, benchmark inputs, alternating: 1 / 2 / 4 parts per thread 55.2 / 56.5 / 57.0 ms at
+  // max_len 1024, 664.5 / 660.7 / 685.3 ms at 4096, 22.4 / 22.8 / 23.3 ms at 256)
+  static constexpr double kPartsPerThread = 1.0;
 
   // a mask bound as a 32-bit lane value (column and key indices are below 2^31)
   static int32_t lane_bound(int64_t x) {

@@ -475,7 +475,7 @@ struct F32Avx512 : Avx512Tables {
   // backward tasks take one head each: the bias work is a small share of the fp32 backward, and
   // a group's fp32 operand packs (twice bf16's) outgrow the caches (max_len 4096: 330 -> 420 ms)
   static constexpr bool kGroupHeads = false;
-  static constexpr double kTasksPerThread = 4.0;
+  static constexpr double kPartsPerThread = 4.0;
   struct Thread {};
 
   static int64_t b_ld(int64_t /*K*/, int64_t N) { return padded_f32_b_ld(N); }
@@ -624,7 +624,7 @@ struct Bf16Common : Avx512Tables {
   static constexpr bool kBSeparate = true;
   // backward tasks take a group of heads (the bias strips were ~40% of the bf16 backward)
   static constexpr bool kGroupHeads = true;
-  static constexpr double kTasksPerThread = 4.0;
+  static constexpr double kPartsPerThread = 4.0;
 
   // 16 lanes of the tables' gradient strip: dS written (the first head of a task) or added (the others)
   static void store_g(float* g, __mmask16 live, __m512 ds, bool add) {

@@ -417,7 +417,7 @@ def _engines(dtype):
 def threads(request):
     """torch's (= OpenMP's) thread count for the test: on one thread every backward task holds a
     whole sequence; on several a long one is cut into key ranges whose dQ partials are added up
-    at the end (csrc/hstu_driver.h: row_tasks, DqSplit)."""
+    at the end, and the forward's query rows too (csrc/hstu_driver.h: row_tasks, DqSplit)."""
     before = torch.get_num_threads()
     torch.set_num_threads(request.param)
     yield request.param
@@ -535,15 +535,18 @@ def test_cpu_float32_engines_time_buckets_across_the_int64_range(name, engine):
     ([333, 5, 260, 64], [0, 1, 9, 0], 0),
     ([300, 7, 129], [4, 0, 2], 3),
 ], ids=("equal", "long-cut-short-whole", "targets", "targets-and-context"))
-def test_cpu_engines_with_sequences_cut_over_keys_on_two_threads(dtype, lengths, targets, c, engine):
-    """4 heads, 2 threads (csrc/hstu_driver.h row_tasks): a sequence holding more than about
-    1 / (kTasksPerThread x 2) of the backward is cut into key ranges (three equal ones in two
-    each; the long one into several, the later ones starting past query 0; the short ones whole).  Each range sums its own dQ
-    partial, added up at the end; the bias tables' gradients are summed over the tasks.  With
-    targets and a contextual prefix the first query block that sees a key range moves (or, with
-    the prefix, stays at 0)."""
+@pytest.mark.parametrize("nthreads", [2, 3])
+def test_cpu_engines_with_sequences_cut_over_keys_on_several_threads(dtype, lengths, targets, c, nthreads, engine):
+    """4 heads, 2 and 3 threads (csrc/hstu_driver.h row_tasks): the work is laid out in parts of
+    equal cost (parts per thread x threads: the AVX2 engine 1, the others 4), and a sequence in
+    which a part boundary falls is cut there into key ranges (the backward) or query rows (the
+    forward): the middle one of three equal ones, the long one into two or three (the later
+    ranges starting past query 0), the short ones whole.  Each key range sums its own dQ partial,
+    added up at the end; the bias tables' gradients are summed over the tasks.  With targets and a
+    contextual prefix the first query block that sees a key range moves (or, with the prefix,
+    stays at 0)."""
     before = torch.get_num_threads()
-    torch.set_num_threads(2)
+    torch.set_num_threads(nthreads)
     try:
         args = _case(lengths, H=4, dqk=16, dv=8, max_seq_len=max(lengths), targets=targets, c=c,
                      dtype=dtype, seed=93)
