@@ -194,7 +194,7 @@ enum class RowCost { kQueries, kKeys };
 // What a row costs besides its (query, key) pairs, in pairs: its operands' copies and its tiles'
 // padding.  One thread, eight heads, d = 64, the AVX2 engine, AMD EPYC Zen 2, 4096 tokens in
 // equal sequences of 32 .. 2048 tokens: forward time = 34 ns a pair + 1.8 us a row (53 pairs)
-// within 2%; backward 93-95 ns a pair + 0.4-4 us a row (more in short sequences).
+// within 2%; backward 93-95 ns a pair + 1.5-4.3 us a row (more in short sequences).
 constexpr double kRowOverheadPairs = 48;
 
 // The cost of rows [a, b) of a sequence of n: the sum of (i + 1), or of (n - j), over them, plus
