@@ -16,12 +16,12 @@
 // of S for segment s + 1 and of O += P V for segment s - 1 (the matrix unit and the vector
 // units work at once; the sums are the same, in the same order).
 // Backward: tasks (sequence, its heads (engines without kGroupHeads: one head), range of key
-// blocks: a long sequence is cut where the work's equal parts meet, row_tasks); key blocks of kBwdKeys
-// outside, the heads, then query blocks of kBwdRows inside, in the key orientation: S^T = K Q^T,
-// dP^T = V dO^T, then P^T, dS^T; dV += P^T dO and dK += dS^T Q stay in the block's accumulators,
-// dQ^T += K^T dS^T accumulates over the key blocks (a cut sequence's tasks each into a partial,
-// added up at the end).  A key block's bias strip is computed once for the task's heads, and their
-// dS summed into one strip whose tables' gradients go (one pass) to per-thread float64
+// blocks: a long sequence is cut where the work's equal-cost parts meet, row_tasks); key blocks of
+// kBwdKeys outside, the heads, then query blocks of kBwdRows inside, in the key orientation:
+// S^T = K Q^T, dP^T = V dO^T, then P^T, dS^T; dV += P^T dO and dK += dS^T Q stay in the block's
+// accumulators, dQ^T += K^T dS^T accumulates over the key blocks (a cut sequence's tasks each into
+// a partial, added up at the end).  A key block's bias strip is computed once for the task's heads,
+// and their dS summed into one strip whose tables' gradients go (one pass) to per-thread float64
 // accumulators, reduced at the end.
 //
 // An engine E provides:
