@@ -566,7 +566,7 @@ at::Tensor pooled(const at::Tensor& weights_in, const at::Tensor& weights_offset
             const float* sw = iwp ? reinterpret_cast<const float*>(iwp) + first : nullptr;
             const int64_t n_ahead = offs[std::min(k1, (t + 1) * B)] - first;
             pool(reinterpret_cast<float*>(o),
-                 IndexedRows<index_t>{reinterpret_cast<const float*>(wp) + base, ip + first, D}, sw,
+                 Rows{reinterpret_cast<const float*>(wp) + base, ip + first, D}, sw,
                  n, n_ahead, D);
           } else {
             for (int64_t i = offs[k]; i < offs[k + 1]; ++i) {
